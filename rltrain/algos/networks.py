@@ -1,0 +1,98 @@
+"""Network pieces shared by the algorithms: the MLP builder and the PPO actor-critic.
+
+Action sampling and log-probabilities are written out by hand rather than through
+torch.distributions: a collector calls them once per env step, where the distribution objects'
+construction and argument checks would cost more than the network itself.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from rltrain.envs import EnvSpec, ObsNormalizer
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+_LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_gain: float = 1.0) -> nn.Sequential:
+    """Linear layers with orthogonal init (gain sqrt(2) inside, ``out_gain`` on the last layer)."""
+    layers: list[nn.Module] = []
+    sizes = [in_dim, *hidden_sizes]
+    for a, b in zip(sizes[:-1], sizes[1:]):
+        layers += [_orthogonal(nn.Linear(a, b), math.sqrt(2)), ACTIVATIONS[activation]()]
+    layers.append(_orthogonal(nn.Linear(sizes[-1], out_dim), out_gain))
+    return nn.Sequential(*layers)
+
+
+def _orthogonal(layer: nn.Linear, gain: float) -> nn.Linear:
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+class ActorCritic(nn.Module):
+    """Separate actor and critic MLPs over (optionally normalized) flat observations.
+
+    Discrete actions: a categorical over logits. Box actions: a diagonal Gaussian with a
+    state-independent log-std; the env clips the sampled action to its bounds.
+    """
+
+    def __init__(
+        self,
+        env_spec: EnvSpec,
+        hidden_sizes: list[int] = (64, 64),
+        activation: str = "tanh",
+        normalize_obs: bool = False,
+        init_log_std: float = 0.0,
+    ):
+        super().__init__()
+        obs_dim = math.prod(env_spec.obs_shape)
+        self.discrete = env_spec.discrete
+        act_dim = env_spec.num_actions if self.discrete else math.prod(env_spec.action_shape)
+        self.action_shape = env_spec.action_shape
+        self.obs_norm = ObsNormalizer(env_spec.obs_shape, enabled=normalize_obs)
+        self.actor = mlp(obs_dim, list(hidden_sizes), act_dim, activation, out_gain=0.01)
+        self.critic = mlp(obs_dim, list(hidden_sizes), 1, activation, out_gain=1.0)
+        if not self.discrete:
+            self.log_std = nn.Parameter(torch.full((act_dim,), float(init_log_std)))
+
+    def _features(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.obs_norm(obs).flatten(-len(self.obs_norm.mean.shape))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.critic(self._features(obs)).squeeze(-1)
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample an action (or take the mode) and return it with its log-probability."""
+        out = self.actor(self._features(obs))
+        if self.discrete:
+            logp_all = torch.log_softmax(out, -1)
+            if deterministic:
+                action = out.argmax(-1)
+            else:  # Gumbel-max: argmax(logits + Gumbel noise) is a categorical sample.
+                action = (out - torch.empty_like(out).exponential_().log()).argmax(-1)
+            return action, logp_all.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+        action = out if deterministic else out + self.log_std.exp() * torch.randn_like(out)
+        return action.reshape(*out.shape[:-1], *self.action_shape), self._gaussian_log_prob(out, action)
+
+    def evaluate(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """Log-probability of ``action``, the policy's entropy and the state value, for the update."""
+        features = self._features(obs)
+        out = self.actor(features)
+        value = self.critic(features).squeeze(-1)
+        if self.discrete:
+            logp_all = torch.log_softmax(out, -1)
+            log_prob = logp_all.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+            return log_prob, entropy, value
+        action = action.reshape(out.shape)
+        entropy = (self.log_std + 0.5 + _LOG_SQRT_2PI).sum().expand(out.shape[:-1])
+        return self._gaussian_log_prob(out, action), entropy, value
+
+    def _gaussian_log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        z = (action - mean) * torch.exp(-self.log_std)
+        return (-0.5 * z.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)

@@ -1,0 +1,121 @@
+"""Proximal Policy Optimization with the clipped surrogate objective (Schulman et al. 2017).
+
+Read top to bottom: hyperparameters, then ``update``: values and GAE advantages for the whole
+batch, then ``epochs`` passes of shuffled minibatches over the clipped policy loss, the
+(optionally clipped) value loss and the entropy bonus.
+"""
+
+from __future__ import annotations
+
+import torch
+from tensordict import TensorDict
+from torch import nn
+
+from rltrain.algos.advantages import gae
+from rltrain.algos.networks import ActorCritic
+
+
+class PPO:
+    """The learner side of PPO: owns the policy's optimizer and turns batches into updates."""
+
+    def __init__(
+        self,
+        policy: ActorCritic,
+        total_frames: int,
+        device: torch.device | str = "cpu",
+        lr: float = 3e-4,  # Adam learning rate (the start value when annealed)
+        anneal_lr: bool = True,  # decay the lr linearly to 0 over trainer.total_frames
+        gamma: float = 0.99,  # discount factor
+        gae_lambda: float = 0.95,  # GAE lambda: 0 = one-step TD, 1 = Monte Carlo returns
+        epochs: int = 10,  # passes over each collected batch
+        minibatch_size: int = 64,  # samples per gradient step (the batch is collector.frames_per_batch)
+        clip_coef: float = 0.2,  # epsilon of the clipped ratio objective
+        clip_vloss: bool = False,  # also clip the value update to +-clip_coef around the old values
+        vf_coef: float = 0.5,  # weight of the value loss
+        ent_coef: float = 0.0,  # weight of the entropy bonus
+        max_grad_norm: float = 0.5,  # global gradient-norm clip
+        norm_adv: bool = True,  # normalize advantages per minibatch
+        target_kl: float | None = None,  # stop the epochs early once the approximate KL exceeds this
+        adam_eps: float = 1e-5,  # Adam epsilon
+    ):
+        self.policy = policy
+        self.device = torch.device(device)
+        self.total_frames = total_frames
+        self.lr, self.anneal_lr = lr, anneal_lr
+        self.gamma, self.gae_lambda = gamma, gae_lambda
+        self.epochs, self.minibatch_size = epochs, minibatch_size
+        self.clip_coef, self.clip_vloss = clip_coef, clip_vloss
+        self.vf_coef, self.ent_coef = vf_coef, ent_coef
+        self.max_grad_norm, self.norm_adv, self.target_kl = max_grad_norm, norm_adv, target_kl
+        self.optimizer = torch.optim.Adam(policy.parameters(), lr=lr, eps=adam_eps)
+        self.frames = 0
+
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        """One PPO update on a ``[T, N]`` batch from a collector; returns loss and diagnostic metrics."""
+        policy, batch = self.policy, batch.to(self.device, non_blocking=True)
+        if self.anneal_lr:
+            self.optimizer.param_groups[0]["lr"] = self.lr * max(1.0 - self.frames / self.total_frames, 0.0)
+        self.frames += batch.numel()
+
+        # Advantages with the current critic for the whole batch, bootstrapping from ("next", "observation").
+        obs, action = batch["observation"], batch["action"]
+        with torch.no_grad():
+            value = policy.value(obs)
+            next_value = policy.value(batch["next", "observation"])
+            advantages = gae(batch["reward"], value, next_value, batch["terminated"], batch["done"],
+                             self.gamma, self.gae_lambda)
+            returns = advantages + value
+        obs, action = obs.flatten(0, 1), action.flatten(0, 1)
+        old_log_prob, old_value = batch["log_prob"].flatten(), value.flatten()
+        advantages, returns = advantages.flatten(), returns.flatten()
+
+        n = obs.shape[0]
+        stats = []
+        for _epoch in range(self.epochs):
+            for idx in torch.randperm(n, device=self.device).split(self.minibatch_size):
+                log_prob, entropy, new_value = policy.evaluate(obs[idx], action[idx])
+                log_ratio = log_prob - old_log_prob[idx]
+                ratio = log_ratio.exp()
+                adv = advantages[idx]
+                if self.norm_adv and adv.numel() > 1:
+                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+
+                # Clipped surrogate: the pessimistic bound of the unclipped and clipped objectives.
+                clipped_ratio = ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef)
+                policy_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
+
+                value_error = (new_value - returns[idx]).square()
+                if self.clip_vloss:
+                    v_clipped = old_value[idx] + (new_value - old_value[idx]).clamp(-self.clip_coef, self.clip_coef)
+                    value_error = torch.max(value_error, (v_clipped - returns[idx]).square())
+                value_loss = 0.5 * value_error.mean()
+                entropy_loss = entropy.mean()
+
+                loss = policy_loss - self.ent_coef * entropy_loss + self.vf_coef * value_loss
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                nn.utils.clip_grad_norm_(policy.parameters(), self.max_grad_norm)
+                self.optimizer.step()
+
+                with torch.no_grad():
+                    approx_kl = ((ratio - 1) - log_ratio).mean()  # the low-variance k3 estimator
+                    clip_fraction = ((ratio - 1).abs() > self.clip_coef).float().mean()
+                stats.append(torch.stack([policy_loss, value_loss, entropy_loss, approx_kl, clip_fraction]).detach())
+            if self.target_kl is not None and approx_kl.item() > self.target_kl:
+                break
+
+        # Fold this batch into the observation statistics only now, so the epochs above used the
+        # same normalization the collector acted with; the next push carries the new statistics.
+        policy.obs_norm.update(obs)
+
+        mean = torch.stack(stats).mean(0).tolist()
+        explained_var = 1 - (returns - old_value).var() / returns.var().clamp_min(1e-8)
+        return {
+            "loss/policy": mean[0],
+            "loss/value": mean[1],
+            "loss/entropy": mean[2],
+            "ppo/approx_kl": mean[3],
+            "ppo/clip_fraction": mean[4],
+            "ppo/explained_variance": explained_var.item(),
+            "ppo/lr": self.optimizer.param_groups[0]["lr"],
+        }

@@ -1,0 +1,118 @@
+"""The factory: a composed config in, a ready Trainer out. The only place that wires parts together.
+
+Order: validate everything, then env -> policy -> algo -> sync -> collector -> loggers -> hooks.
+If any step fails, whatever was already started is closed again.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import inspect
+import logging
+import random
+from contextlib import ExitStack
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import torch
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+
+from rltrain.loggers import JsonlLogger
+from rltrain.trainer import Trainer
+from rltrain.validate import WIRING_KEYS, validate
+
+log = logging.getLogger("rltrain")
+
+
+def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
+    """Validate ``cfg`` and build the Trainer it describes; ``run_dir`` defaults to Hydra's output dir."""
+    validate(cfg)
+    run_dir = _resolve_run_dir(run_dir)
+    _seed_everything(cfg.seed)
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg.threads)
+    device = _resolve_device(cfg.device)
+
+    with ExitStack() as cleanup:
+        env = _construct(cfg.env, seed=cfg.seed)
+        cleanup.callback(env.close)
+        policy = _construct(cfg.algo.network, env_spec=env.spec).to(device)
+        algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), policy=policy, device=device,
+                          total_frames=cfg.trainer.total_frames)
+        scheme = _construct(_without(cfg.sync, WIRING_KEYS["sync"]))
+        sender = scheme.sender(policy)
+        cleanup.callback(sender.close)
+        # The collector acts with its own CPU copy, fed only by the sync scheme.
+        collector = _construct(cfg.collector, env=env, policy=copy.deepcopy(policy).to("cpu"),
+                               receiver=scheme.receiver())
+        cleanup.pop_all()
+        cleanup.callback(collector.close)
+        cleanup.callback(sender.close)
+
+        loggers = [JsonlLogger(run_dir)]
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        for node in (cfg.get("logger") or {}).values():
+            loggers.append(_instantiate_with(node, run_dir=run_dir, config=resolved))
+            cleanup.callback(loggers[-1].close)
+        make_env = functools.partial(_construct, cfg.env, seed=cfg.seed + 1_000_000)
+        runtime = {"policy": policy, "sender": sender, "loggers": loggers, "make_env": make_env,
+                   "device": device, "env_spec": env.spec, "run_dir": run_dir, "algo": algo}
+        hooks = {name: _instantiate_with(node, **runtime) for name, node in (cfg.get("hooks") or {}).items()}
+
+        stop_at_return = cfg.trainer.stop_at_return
+        if stop_at_return == "auto":
+            stop_at_return = env.spec.reward_threshold
+        trainer = Trainer(collector, algo, hooks, run_dir, total_frames=cfg.trainer.total_frames,
+                          stop_at_return=stop_at_return, return_window=cfg.trainer.return_window)
+        cleanup.pop_all()
+    log.info("run dir %s | %s on %s | device %s", run_dir, type(algo).__name__, env.spec.id, device)
+    return trainer
+
+
+def _construct(node: DictConfig, **runtime):
+    """Build ``node``'s ``_target_`` from its config values plus runtime objects.
+
+    The runtime objects go straight to the constructor (Hydra would merge them into the config,
+    turning a dataclass such as EnvSpec into a DictConfig).
+    """
+    return instantiate(node, _partial_=True, _convert_="all")(**runtime)
+
+
+def _instantiate_with(node: DictConfig, **runtime):
+    """Like ``_construct``, passing only the runtime objects the class asks for by name."""
+    partial = instantiate(node, _partial_=True, _convert_="all")
+    params = inspect.signature(partial.func).parameters
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    return partial(**{k: v for k, v in runtime.items() if takes_all or k in params})
+
+
+def _without(node: DictConfig, keys: set[str]) -> DictConfig:
+    return OmegaConf.masked_copy(node, [k for k in node if k not in keys])
+
+
+def _resolve_run_dir(run_dir: str | Path | None) -> Path:
+    if run_dir is None:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            run_dir = HydraConfig.get().runtime.output_dir
+        else:
+            run_dir = Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    return run_dir
+
+
+def _resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)

@@ -1,0 +1,9 @@
+"""Errors rltrain raises on purpose: bad configuration, and failures of parts of a run."""
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work. The message names the key, its value and the fix."""
+
+
+class SyncError(RuntimeError):
+    """Weights could not be moved between learner and collector (layout mismatch, timeout)."""

@@ -1,0 +1,72 @@
+"""The hook interface and its schedule.
+
+A hook is a small class whose methods are named after the moment they run. ``on_update`` runs
+only when the hook's schedule is due: ``every: {frames|batches|updates|seconds: N}`` in the
+config, or after every update when ``every`` is null.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+    from rltrain.trainer import TrainState
+
+SCHEDULE_UNITS = ("frames", "batches", "updates", "seconds")
+
+
+class Schedule:
+    """Due once per ``n`` frames, batches, updates or seconds (crossing each multiple once)."""
+
+    def __init__(self, every: Mapping[str, float] | None = None):
+        if not every:
+            self.unit, self.n = "updates", 1
+        else:
+            if len(every) != 1 or next(iter(every)) not in SCHEDULE_UNITS:
+                raise ValueError(f"every must have exactly one of {', '.join(SCHEDULE_UNITS)} (got {dict(every)})")
+            self.unit, self.n = next(iter(every.items()))
+            if not self.n > 0:
+                raise ValueError(f"every.{self.unit} must be > 0 (got {self.n})")
+        self._last_mark = 0
+        self._last_time = time.monotonic()
+
+    def due(self, state: TrainState) -> bool:
+        if self.unit == "seconds":
+            now = time.monotonic()
+            if now - self._last_time >= self.n:
+                self._last_time = now
+                return True
+            return False
+        mark = int(getattr(state, self.unit) // self.n)
+        if mark > self._last_mark:
+            self._last_mark = mark
+            return True
+        return False
+
+
+class Hook:
+    """Base class for hooks; override the moments you need. ``phase`` names the timer bucket."""
+
+    phase = "hooks"
+
+    def __init__(self, every: Mapping[str, float] | None = None):
+        self.schedule = Schedule(every)
+
+    def on_start(self, state: TrainState) -> None:
+        """Once, before the first batch is collected."""
+
+    def on_batch(self, state: TrainState, batch: TensorDict) -> None:
+        """After each batch arrives, before the update."""
+
+    def on_update(self, state: TrainState) -> None:
+        """After an update, when the schedule is due."""
+
+    def on_end(self, state: TrainState) -> None:
+        """Once, after the last update of a run that finished normally."""
+
+    def close(self, state: TrainState, summary: dict[str, Any]) -> None:
+        """Always, after summary.json is written (also after Ctrl-C or an error): release resources."""

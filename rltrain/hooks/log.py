@@ -1,0 +1,45 @@
+"""Turns the metric window into one row per log step and hands it to every logger."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+
+from rltrain.hooks.base import Hook
+from rltrain.loggers import Logger
+
+
+class LogHook(Hook):
+    """Writes a row of ``frames``, ``updates``, window means and ``time/<phase>`` seconds on its schedule."""
+
+    phase = "log"
+
+    def __init__(self, loggers: Sequence[Logger], every: Mapping[str, float] | None = None):
+        super().__init__(every)
+        self.loggers = list(loggers)
+        self._last_frames, self._last_time = 0, time.perf_counter()
+
+    def on_update(self, state) -> None:
+        self.write_row(state)
+
+    def on_end(self, state) -> None:
+        self.write_row(state)
+
+    def write_row(self, state) -> None:
+        now = time.perf_counter()
+        row: dict[str, float] = {"frames": state.frames, "updates": state.updates}
+        if state.recent_returns:
+            row["train/episode_return"] = state.train_return
+            row["train/episode_length"] = state.train_length
+        row.update(state.window.drain())
+        row.update({f"time/{phase}": round(s, 4) for phase, s in state.timer.drain_window().items()})
+        elapsed = now - self._last_time
+        row["perf/fps"] = round((state.frames - self._last_frames) / elapsed, 1) if elapsed > 0 else 0.0
+        row["sync/version"] = state.version
+        self._last_frames, self._last_time = state.frames, now
+        for logger in self.loggers:
+            logger.log(row, step=state.frames)
+
+    def close(self, state, summary) -> None:
+        for logger in self.loggers:
+            logger.close(summary)

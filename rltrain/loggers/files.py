@@ -1,0 +1,53 @@
+"""File loggers: ``metrics.jsonl`` (always written) and ``metrics.csv`` (``logger=csv``)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+from typing import Any
+
+from rltrain.loggers.base import Logger
+
+
+class JsonlLogger(Logger):
+    """One JSON object per log step, appended and flushed at once (safe to tail during a run)."""
+
+    def __init__(self, run_dir: str | Path, filename: str = "metrics.jsonl"):
+        self.path = Path(run_dir) / filename
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a")
+
+    def log(self, row: dict[str, float], step: int) -> None:
+        self._file.write(json.dumps(row) + "\n")
+        self._file.flush()
+
+    def close(self, summary: dict[str, Any] | None = None) -> None:
+        self._file.close()
+
+
+class CsvLogger(Logger):
+    """A CSV table of the log rows; when a new metric appears (e.g. the first eval), the file is
+    rewritten with the wider header so every row keeps its columns."""
+
+    def __init__(self, run_dir: str | Path, filename: str = "metrics.csv"):
+        self.path = Path(run_dir) / filename
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._rows: list[dict[str, float]] = []
+        self._columns: list[str] = []
+
+    def log(self, row: dict[str, float], step: int) -> None:
+        self._rows.append(row)
+        new = [k for k in row if k not in self._columns]
+        if new or not self.path.exists():
+            self._columns += new
+            self._write(self._rows, "w", header=True)
+        else:
+            self._write([row], "a", header=False)
+
+    def _write(self, rows: list[dict[str, float]], mode: str, header: bool) -> None:
+        with self.path.open(mode, newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self._columns)
+            if header:
+                writer.writeheader()
+            writer.writerows(rows)

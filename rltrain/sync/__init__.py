@@ -1,0 +1,7 @@
+"""Weight-sync schemes: how the learner's policy weights reach the collectors."""
+
+from rltrain.sync.base import WeightReceiver, WeightSender, WeightSyncScheme
+from rltrain.sync.none import NoSync
+from rltrain.sync.shared_mem import SharedMemSync
+
+__all__ = ["NoSync", "SharedMemSync", "WeightReceiver", "WeightSender", "WeightSyncScheme"]

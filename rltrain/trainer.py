@@ -1,0 +1,230 @@
+"""The training loop: pulls batches from a collector, updates the algorithm, fires hooks.
+
+Events, in order: ``start``; per batch ``batch`` then (after the update) ``update`` for each hook
+whose schedule is due; ``end`` once the run finished normally. Every hook is ``close``d in all
+cases, after ``summary.json`` is written (also on Ctrl-C and on error).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections import defaultdict, deque
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from tensordict import TensorDict
+
+from rltrain.hooks.base import Hook
+from rltrain.timing import PhaseTimer
+
+log = logging.getLogger("rltrain")
+
+
+class Algo(Protocol):
+    def update(self, batch: TensorDict) -> dict[str, float]: ...
+
+
+class MetricWindow:
+    """Means of the metrics reported since the last ``drain`` (e.g. losses over the updates of a log step)."""
+
+    def __init__(self):
+        self._sums: dict[str, float] = defaultdict(float)
+        self._counts: dict[str, int] = defaultdict(int)
+
+    def add(self, metrics: Mapping[str, float]) -> None:
+        for k, v in metrics.items():
+            self._sums[k] += v
+            self._counts[k] += 1
+
+    def drain(self) -> dict[str, float]:
+        means = {k: self._sums[k] / self._counts[k] for k in self._sums}
+        self._sums.clear()
+        self._counts.clear()
+        return means
+
+
+@dataclass
+class TrainState:
+    """What every hook sees: counters, recent results and the run directory."""
+
+    run_dir: Path
+    total_frames: int
+    return_window: int = 10
+    frames: int = 0
+    batches: int = 0
+    updates: int = 0
+    version: int = 0  # the learner's latest pushed policy version
+    pushes: int = 0
+    metrics: dict[str, float] = field(default_factory=dict)  # the last update's metrics
+    episodes: int = 0
+    recent_returns: deque = None  # returns of the last `return_window` finished training episodes
+    recent_lengths: deque = None
+    eval_return: float | None = None
+    solved_at_frames: int | None = None
+    lag_sum: float = 0.0
+    lag_max: int = 0
+    window: MetricWindow = field(default_factory=MetricWindow)
+    timer: PhaseTimer = field(default_factory=PhaseTimer)
+    should_stop: bool = False  # a hook may set this to end the run after the current update
+
+    def __post_init__(self):
+        self.recent_returns = deque(maxlen=self.return_window)
+        self.recent_lengths = deque(maxlen=self.return_window)
+
+    @property
+    def train_return(self) -> float | None:
+        """Mean return of the last ``return_window`` finished training episodes."""
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+    @property
+    def train_length(self) -> float | None:
+        return sum(self.recent_lengths) / len(self.recent_lengths) if self.recent_lengths else None
+
+
+class Trainer:
+    def __init__(
+        self,
+        collector,
+        algo: Algo,
+        hooks: Mapping[str, Hook],
+        run_dir: str | Path,
+        total_frames: int,
+        stop_at_return: float | None = None,
+        return_window: int = 10,
+        closeables: list | None = None,
+    ):
+        self.collector, self.algo, self.hooks = collector, algo, dict(hooks)
+        self.stop_at_return = stop_at_return
+        self.state = TrainState(Path(run_dir), total_frames, return_window)
+        self._closeables = [collector, *(closeables or [])]
+
+    def fit(self) -> dict[str, Any]:
+        """Train until ``total_frames`` (or ``stop_at_return``); returns what it writes to summary.json."""
+        status = "failed: unknown"
+        try:
+            self._fire("start")
+            self._loop()
+            self._fire("end")
+            status = "completed"
+        except KeyboardInterrupt:
+            status = "interrupted"
+            raise
+        except BaseException as e:
+            status = f"failed: {type(e).__name__}: {e}"
+            raise
+        finally:
+            summary = self.summary(status)
+            self._write_summary(summary)
+            self._close(summary)
+        return summary
+
+    def _loop(self) -> None:
+        state, timer = self.state, self.state.timer
+        batches = iter(self.collector)
+        while state.frames < state.total_frames and not state.should_stop:
+            with timer.phase("collect"):
+                batch = next(batches)
+            self._account(batch)
+            self._fire("batch", batch)
+            with timer.phase("update"):
+                metrics = self.algo.update(batch)
+            state.updates += 1
+            state.metrics = metrics
+            state.window.add(metrics)
+            self._fire("update")
+            if self._solved():
+                state.solved_at_frames = state.frames
+                log.info("solved: training return %.1f >= %s after %d frames",
+                         state.train_return, self.stop_at_return, state.frames)
+                break
+
+    def _account(self, batch: TensorDict) -> None:
+        state = self.state
+        state.frames += batch.numel()
+        state.batches += 1
+        done = batch["done"]
+        if done.any():
+            returns, lengths = batch["episode_return"][done].tolist(), batch["episode_length"][done].tolist()
+            state.recent_returns.extend(returns)
+            state.recent_lengths.extend(lengths)
+            state.episodes += len(returns)
+        lag = state.version - batch["policy_version"]
+        mean_lag, max_lag = lag.float().mean().item(), int(lag.max())
+        state.lag_sum += mean_lag
+        state.lag_max = max(state.lag_max, max_lag)
+        state.window.add({"sync/lag": mean_lag})
+
+    def _solved(self) -> bool:
+        s = self.state
+        return (self.stop_at_return is not None and len(s.recent_returns) == s.recent_returns.maxlen
+                and s.train_return >= self.stop_at_return)
+
+    def _fire(self, event: str, batch: TensorDict | None = None) -> None:
+        state = self.state
+        for hook in self.hooks.values():
+            if event == "update" and not hook.schedule.due(state):
+                continue
+            with state.timer.phase(hook.phase):
+                if event == "batch":
+                    hook.on_batch(state, batch)
+                else:
+                    getattr(hook, f"on_{event}")(state)
+
+    def summary(self, status: str) -> dict[str, Any]:
+        s = self.state
+        wall = s.timer.elapsed()
+        summary = {
+            "status": status,
+            "frames": s.frames,
+            "updates": s.updates,
+            "episodes": s.episodes,
+            "wall_time_s": round(wall, 3),
+            "fps": round(s.frames / wall, 1) if wall > 0 else 0.0,
+            "eval_return": s.eval_return,
+            "train_return": s.train_return,
+            "time": s.timer.breakdown(),
+            "sync": {
+                "pushes": s.pushes,
+                "version": s.version,
+                "mean_lag": s.lag_sum / s.batches if s.batches else 0.0,
+                "max_lag": s.lag_max,
+            },
+        }
+        if self.stop_at_return is not None:
+            summary["solved"] = s.solved_at_frames is not None
+            summary["frames_to_solve"] = s.solved_at_frames
+            summary["stop_at_return"] = self.stop_at_return
+        return summary
+
+    def _write_summary(self, summary: dict[str, Any]) -> None:
+        self.state.run_dir.mkdir(parents=True, exist_ok=True)
+        path = self.state.run_dir / "summary.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+        tmp.replace(path)
+
+    def _close(self, summary: dict[str, Any]) -> None:
+        # Close everything even if one close fails; report the first failure afterwards.
+        errors = []
+        for hook in self.hooks.values():
+            try:
+                hook.close(self.state, summary)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        for part in self._closeables:
+            try:
+                part.close()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+        for e in errors:
+            log.error("error while closing the run: %s", e)
+
+
+def _json_default(value):
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return str(value)

@@ -1,0 +1,190 @@
+"""Checks a composed config before anything is built: every problem is a ConfigError naming
+the key, the value and what is allowed. Nothing here starts a process or writes a file."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import numbers
+from collections.abc import Callable
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
+from rltrain.errors import ConfigError
+from rltrain.hooks.base import SCHEDULE_UNITS
+
+# Keys that build() consumes itself rather than passing to the node's _target_.
+WIRING_KEYS = {"algo": {"network"}, "sync": {"every"}}
+# Arguments build() passes at instantiate time; a config must not set them.
+RUNTIME_ARGS = {
+    "env": {"seed"},
+    "algo": {"policy", "total_frames", "device"},
+    "algo.network": {"env_spec"},
+    "collector": {"env", "policy", "receiver"},
+    "logger": {"run_dir", "config"},
+    "hooks": {"policy", "sender", "loggers", "make_env", "device", "env_spec", "run_dir", "algo"},
+}
+
+
+def _positive(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+
+def _non_negative(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and v >= 0
+
+
+def _unit(v) -> bool:
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 <= v <= 1
+
+
+# (key, check, what is allowed, optional hint). A rule applies when its key is in the config.
+RULES: list[tuple[str, Callable, str, str]] = [
+    ("seed", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", ""),
+    ("threads", lambda v: v is None or _positive_int(v), "an integer >= 1 or null", ""),
+    ("trainer.total_frames", _positive_int, "an integer >= 1", ""),
+    ("trainer.return_window", _positive_int, "an integer >= 1", ""),
+    ("trainer.stop_at_return", lambda v: v is None or v == "auto" or isinstance(v, numbers.Real),
+     "a number, auto (the env's reward threshold) or null (never stop early)", ""),
+    ("env.num_envs", _positive_int, "an integer >= 1", ""),
+    ("collector.frames_per_batch", _positive_int, "an integer >= 1", ""),
+    ("sync.every", _positive_int, "an integer >= 1", "; use sync=none to never push weights"),
+    ("sync.timeout_s", _positive, "a number > 0", ""),
+    ("algo.lr", _positive, "a number > 0", ""),
+    ("algo.gamma", lambda v: _unit(v) and v > 0, "a number in (0, 1]", ""),
+    ("algo.gae_lambda", _unit, "a number in [0, 1]", ""),
+    ("algo.epochs", _positive_int, "an integer >= 1", ""),
+    ("algo.minibatch_size", _positive_int, "an integer >= 1", ""),
+    ("algo.clip_coef", _positive, "a number > 0", ""),
+    ("algo.vf_coef", _non_negative, "a number >= 0", ""),
+    ("algo.ent_coef", _non_negative, "a number >= 0", ""),
+    ("algo.max_grad_norm", _positive, "a number > 0", ""),
+    ("algo.target_kl", lambda v: v is None or _positive(v), "a number > 0 or null", ""),
+    ("algo.adam_eps", _positive, "a number > 0", ""),
+    ("algo.network.hidden_sizes", lambda v: len(v) > 0 and all(_positive_int(h) for h in v),
+     "a non-empty list of integers >= 1", ""),
+    ("hooks.eval.episodes", _positive_int, "an integer >= 1", ""),
+]
+
+
+def validate(cfg: DictConfig) -> None:
+    """Raise ConfigError for the first problem found in ``cfg``."""
+    try:
+        OmegaConf.resolve(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"the config does not resolve: {e}") from None
+    for key, check, allowed, hint in RULES:
+        value = OmegaConf.select(cfg, key, default="__absent__")
+        if value == "__absent__":
+            continue
+        value = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
+        try:
+            ok = check(value)
+        except TypeError:
+            ok = False
+        if not ok:
+            raise ConfigError(f"{key} must be {allowed} (got {value!r}){hint}")
+    _check_device(cfg.get("device", "auto"))
+    for path in ("env", "algo", "algo.network", "collector", "sync"):
+        _check_node(cfg, path, required=path != "algo.network")
+    for group in ("logger", "hooks"):
+        for name in (cfg.get(group) or {}):
+            _check_node(cfg, f"{group}.{name}", required=True, runtime_group=group)
+    for name, hook in (cfg.get("hooks") or {}).items():
+        _check_schedule(f"hooks.{name}.every", hook.get("every"))
+    _check_cross(cfg)
+    _check_env(cfg)
+
+
+def _check_device(device) -> None:
+    if device not in ("cpu", "cuda", "auto") and not str(device).startswith("cuda:"):
+        raise ConfigError(f"device must be cpu, cuda, cuda:N or auto (got {device!r})")
+    if str(device).startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"device={device} but torch sees no CUDA device; use device=cpu or device=auto")
+
+
+def _import_target(path: str, target: str):
+    module_name, _, attr = target.rpartition(".")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError) as e:
+        hint = " (pip install wandb)" if "wandb" in target else ""
+        raise ConfigError(f"{path}._target_={target!r} cannot be imported: {e}{hint}") from None
+
+
+def _check_node(cfg: DictConfig, path: str, required: bool, runtime_group: str | None = None) -> None:
+    node = OmegaConf.select(cfg, path)
+    if node is None:
+        if required:
+            raise ConfigError(f"{path} is missing; choose one with {path.split('.')[0]}=<choice>")
+        return
+    if not isinstance(node, DictConfig) or "_target_" not in node:
+        raise ConfigError(f"{path} must be a mapping with a _target_ (the class to build), got {node!r}")
+    target = _import_target(path, node._target_)
+    try:
+        params = inspect.signature(target).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    group = runtime_group or path
+    runtime = RUNTIME_ARGS.get(group, set())
+    wiring = WIRING_KEYS.get(path, set())
+    for key in node:
+        if key.startswith("_") or key in wiring:
+            continue
+        if key in runtime:
+            raise ConfigError(f"{path}.{key} is set by rltrain at build time; remove it from the config")
+        if key not in params:
+            allowed = ", ".join(p for p in params if p not in runtime and p != "self")
+            raise ConfigError(f"{path}.{key} is not a parameter of {node._target_} (it takes: {allowed})")
+
+
+def _check_schedule(key: str, every) -> None:
+    if every is None:
+        return
+    if not isinstance(every, DictConfig) or len(every) != 1 or next(iter(every)) not in SCHEDULE_UNITS:
+        raise ConfigError(f"{key} must be null or one of {{frames|batches|updates|seconds: N}} (got {every!r})")
+    unit, n = next(iter(every.items()))
+    if not _positive(n) or (unit != "seconds" and not isinstance(n, int)):
+        raise ConfigError(f"{key}.{unit} must be {'a number' if unit == 'seconds' else 'an integer'} > 0 (got {n!r})")
+
+
+def _check_cross(cfg: DictConfig) -> None:
+    batch = cfg.collector.get("frames_per_batch")
+    num_envs = cfg.env.get("num_envs", 1)
+    if batch is not None and batch % num_envs:
+        raise ConfigError(
+            f"collector.frames_per_batch ({batch}) must be a multiple of env.num_envs ({num_envs}); "
+            f"e.g. collector.frames_per_batch={max(1, batch // num_envs) * num_envs}"
+        )
+    minibatch = cfg.algo.get("minibatch_size")
+    if minibatch is not None and batch is not None and minibatch > batch:
+        raise ConfigError(
+            f"algo.minibatch_size ({minibatch}) is larger than the batch "
+            f"(collector.frames_per_batch={batch}); use at most {batch}"
+        )
+
+
+def _check_env(cfg: DictConfig) -> None:
+    """The env id exists, its optional packages are installed, and its spaces are supported."""
+    env_id = cfg.env.get("id")
+    if not isinstance(env_id, str):
+        raise ConfigError(f"env.id must be a gymnasium id string (got {env_id!r})")
+    resolve_env_spec(env_id)
+    kwargs = OmegaConf.to_container(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
+    try:
+        env = make_gym_env(env_id, kwargs)
+    except TypeError as e:
+        raise ConfigError(f"env.kwargs={kwargs} rejected by {env_id}: {e}") from None
+    try:
+        spec_from_env(env_id, env)
+    finally:
+        env.close()
