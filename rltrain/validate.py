@@ -12,6 +12,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rltrain.algos.networks import ACTIVATIONS
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.errors import ConfigError
 from rltrain.hooks.base import SCHEDULE_UNITS
@@ -70,6 +71,7 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("algo.adam_eps", _positive, "a number > 0", ""),
     ("algo.network.hidden_sizes", lambda v: len(v) > 0 and all(_positive_int(h) for h in v),
      "a non-empty list of integers >= 1", ""),
+    ("algo.network.activation", lambda v: v in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}", ""),
     ("hooks.eval.episodes", _positive_int, "an integer >= 1", ""),
 ]
 

@@ -1,0 +1,48 @@
+"""User-style hooks that tests plug in from the command line (``+hooks.x._target_=...``)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from rltrain.hooks import Hook
+
+
+class RecordingHook(Hook):
+    """Records, per event, the counters of the TrainState it was given (to a file, for CLI tests)."""
+
+    def __init__(self, every=None, run_dir: Path | None = None):
+        super().__init__(every)
+        self.run_dir = run_dir
+        self.calls: list[tuple[str, int, int, int]] = []
+
+    def _record(self, event, state):
+        self.calls.append((event, state.frames, state.batches, state.updates))
+
+    def on_start(self, state):
+        self._record("start", state)
+
+    def on_batch(self, state, batch):
+        self._record("batch", state)
+
+    def on_update(self, state):
+        self._record("update", state)
+
+    def on_end(self, state):
+        self._record("end", state)
+
+    def close(self, state, summary):
+        if self.run_dir is not None:
+            (Path(self.run_dir) / "recording.json").write_text(json.dumps(self.calls))
+
+
+class FailingHook(Hook):
+    """Raises the given exception type at the ``at_update``-th update."""
+
+    def __init__(self, at_update: int = 2, error: str = "RuntimeError", every=None):
+        super().__init__(every)
+        self.at_update, self.error = at_update, error
+
+    def on_update(self, state):
+        if state.updates >= self.at_update:
+            raise {"RuntimeError": RuntimeError, "KeyboardInterrupt": KeyboardInterrupt}[self.error]("boom from a hook")

@@ -1,0 +1,109 @@
+"""Every config choice composes and builds; bad input fails early with a message naming the key."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from rltrain import build
+from rltrain.errors import ConfigError
+from tests.conftest import CONFIGS, make_config, run_cli
+
+GROUPS = ["algo", "env", "collector", "sync", "logger", "hooks"]
+
+
+def all_choices():
+    return [(group, path.stem) for group in GROUPS for path in sorted((CONFIGS / group).glob("*.yaml"))]
+
+
+@pytest.mark.parametrize(("group", "choice"), all_choices())
+def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
+    cfg = make_config(f"{group}={choice}", "trainer.total_frames=512")
+    trainer = build(cfg, run_dir=tmp_path)
+    summary = trainer.fit()
+    assert summary["status"] == "completed"
+    assert summary["frames"] >= 256
+
+
+BAD_INPUT = [
+    (["algo.lr=-1"], "algo.lr must be a number > 0 (got -1)"),
+    (["collector.frames_per_batch=0"], "collector.frames_per_batch must be an integer >= 1 (got 0)"),
+    (["sync.every=0"], "sync.every must be an integer >= 1 (got 0); use sync=none to never push weights"),
+    (["algo.minibatch_size=1024"], "algo.minibatch_size (1024) is larger than the batch"),
+    (["env.id=NoSuchEnv-v0"], "env.id='NoSuchEnv-v0' is not a registered gymnasium environment"),
+    (["env.id=no_such_module:Foo-v0"], "could not import module 'no_such_module'"),
+    (["+algo.lrr=0.1"], "algo.lrr is not a parameter of rltrain.algos.PPO"),
+    (["collector.frames_per_batch=100"], "must be a multiple of env.num_envs (8)"),
+    (["env.num_envs=0"], "env.num_envs must be an integer >= 1 (got 0)"),
+    (["algo.gamma=1.5"], "algo.gamma must be a number in (0, 1] (got 1.5)"),
+    (["trainer.total_frames=0"], "trainer.total_frames must be an integer >= 1"),
+    (["hooks.log.every.seconds=0"], "hooks.log.every.seconds must be a number > 0"),
+    (["algo.network.activation=sigmoid"], "algo.network.activation must be one of"),
+    (["+hooks.mine._target_=no_such_pkg.Hook"], "hooks.mine._target_='no_such_pkg.Hook' cannot be imported"),
+    (["device=tpu"], "device must be cpu, cuda, cuda:N or auto"),
+    (["env.id=ALE/Pong-v5"], "env.id='ALE/Pong-v5'"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "message"), BAD_INPUT, ids=[" ".join(o[0]) for o in BAD_INPUT])
+def test_build_rejects_bad_input_with_the_key_in_the_message(overrides, message, tmp_path):
+    cfg = make_config(*overrides)
+    with pytest.raises(ConfigError) as err:
+        build(cfg, run_dir=tmp_path / "run")
+    assert message in str(err.value)
+    assert not (tmp_path / "run").exists(), "nothing may be written for a config that fails validation"
+
+
+def test_cli_bad_value_exits_fast_with_one_paragraph_and_no_traceback(tmp_path):
+    start = time.monotonic()
+    result = run_cli("algo.lr=-1", "logger=[console,wandb]", cwd=tmp_path)
+    assert result.returncode == 2
+    assert time.monotonic() - start < 30
+    assert "rltrain: config error: algo.lr must be a number > 0 (got -1)" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert not list(tmp_path.rglob("wandb")), "no wandb run may be created for bad input"
+    assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+def test_cli_unknown_group_choice_lists_the_available_ones(tmp_path):
+    result = run_cli("algo=dqn", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "Could not find 'algo/dqn'" in result.stderr
+    assert "ppo" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_cli_unknown_key_is_rejected_by_struct_mode(tmp_path):
+    result = run_cli("algo.lrr=1", cwd=tmp_path)
+    assert result.returncode != 0
+    assert "algo.lrr" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_full_error_env_var_shows_the_traceback(tmp_path):
+    result = run_cli("algo.lr=-1", cwd=tmp_path, env={"HYDRA_FULL_ERROR": "1"})
+    assert result.returncode != 0
+    assert "Traceback" in result.stderr and "ConfigError" in result.stderr
+
+
+def test_help_lists_the_config_groups(tmp_path):
+    result = run_cli("--help", cwd=tmp_path)
+    assert result.returncode == 0
+    for line in ["algo: ppo", "collector: local", "sync: none, shared_mem", "logger: console, csv, wandb"]:
+        assert line in result.stdout
+    assert "env: " in result.stdout and "cartpole" in result.stdout
+
+
+def test_cfg_job_prints_the_composed_config_with_overrides(tmp_path):
+    result = run_cli("--cfg", "job", "env=pendulum", "algo.lr=0.002", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "id: Pendulum-v1" in result.stdout
+    assert "lr: 0.002" in result.stdout
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_configs_open_with_a_comment_saying_what_they_are_for():
+    for path in sorted(Path(CONFIGS).rglob("*.yaml")):
+        assert path.read_text().startswith("#"), f"{path} should open with a comment"

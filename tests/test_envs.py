@@ -1,0 +1,65 @@
+"""Batched envs: truncation keeps the true final observation, and bootstrapping uses it."""
+
+from __future__ import annotations
+
+import torch
+
+import tests.toy_envs  # noqa: F401  (registers Counting-v0)
+from rltrain.algos.advantages import gae
+from rltrain.collectors import LocalCollector
+from rltrain.envs import BatchedEnv
+from rltrain.algos import ActorCritic
+from rltrain.sync import SharedMemSync
+
+
+def collect_one_batch(env_id: str, num_envs: int, frames: int):
+    env = BatchedEnv(env_id, num_envs=num_envs, seed=0)
+    policy = ActorCritic(env.spec)
+    scheme = SharedMemSync()
+    scheme.sender(policy)
+    collector = LocalCollector(env, policy, scheme.receiver(), frames_per_batch=frames)
+    return next(iter(collector))
+
+
+def test_truncation_keeps_the_final_observation_and_resets_after():
+    batch = collect_one_batch("tests.toy_envs:Counting-v0", num_envs=2, frames=24)  # 12 steps per env
+    obs, next_obs = batch["observation"][:, 0, 0], batch["next", "observation"][:, 0, 0]
+    assert obs.tolist() == [0, 1, 2, 3, 4] * 2 + [0, 1]
+    assert next_obs.tolist() == [1, 2, 3, 4, 5] * 2 + [1, 2]  # 5 = the final obs, not the reset 0
+    assert batch["truncated"][:, 0].tolist() == [False] * 4 + [True] + [False] * 4 + [True, False, False]
+    assert not batch["terminated"].any()
+    assert batch["done"].equal(batch["truncated"])
+    assert batch["episode_return"][4, 0].item() == 5.0 and batch["episode_length"][4, 0].item() == 5
+
+
+def test_truncated_step_bootstraps_from_the_final_observation_value():
+    batch = collect_one_batch("tests.toy_envs:Counting-v0", num_envs=1, frames=10)
+    value_of = lambda obs: 10.0 * obs[..., 0]  # noqa: E731  a critic that reads the counter
+    gamma = 0.9
+    adv = gae(batch["reward"], value_of(batch["observation"]), value_of(batch["next", "observation"]),
+              batch["terminated"], batch["done"], gamma=gamma, gae_lambda=0.0)
+    # Step 4 truncates at obs 5: target = r + gamma * V(5) = 1 + 0.9 * 50; V(4) = 40.
+    assert torch.isclose(adv[4, 0], torch.tensor(1 + gamma * 50.0 - 40.0))
+    # Had it bootstrapped from the reset observation (0), the advantage would be 1 - 40.
+    assert not torch.isclose(adv[4, 0], torch.tensor(1.0 - 40.0))
+
+
+def test_termination_does_not_bootstrap():
+    reward = torch.ones(3, 1)
+    value = torch.full((3, 1), 2.0)
+    next_value = torch.full((3, 1), 5.0)
+    terminated = torch.tensor([[False], [True], [False]])
+    adv = gae(reward, value, next_value, terminated, terminated.clone(), gamma=0.5, gae_lambda=1.0)
+    assert adv[1, 0].item() == 1.0 - 2.0  # no gamma * V(next) after a terminal step
+    assert adv[0, 0].item() == (1 + 0.5 * 5 - 2) + 0.5 * (1.0 - 2.0)  # recursion continues within the episode
+
+
+def test_continuous_actions_are_clipped_to_the_box_by_the_env_but_stored_raw():
+    env = BatchedEnv("Pendulum-v1", num_envs=2, seed=0)
+    policy = ActorCritic(env.spec, init_log_std=2.0)  # wide Gaussian: many samples beyond +-2
+    scheme = SharedMemSync()
+    scheme.sender(policy)
+    batch = next(iter(LocalCollector(env, policy, scheme.receiver(), frames_per_batch=64)))
+    assert batch["action"].shape == (32, 2, 1)
+    assert batch["action"].abs().max() > 2.0
+    assert torch.isfinite(batch["log_prob"]).all()

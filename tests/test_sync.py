@@ -1,0 +1,99 @@
+"""Weight sync (in-process shared memory): versioned snapshots, no leaks of live weights."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rltrain.algos import ActorCritic
+from rltrain.collectors import LocalCollector
+from rltrain.envs import BatchedEnv
+from rltrain.errors import SyncError
+from rltrain.sync import NoSync, SharedMemSync
+
+
+def make_pair(scheme, normalize_obs=True):
+    env = BatchedEnv("CartPole-v1", num_envs=2, seed=0)
+    learner = ActorCritic(env.spec, normalize_obs=normalize_obs)
+    actor = ActorCritic(env.spec, normalize_obs=normalize_obs)  # different random init
+    sender = scheme.sender(learner)
+    collector = LocalCollector(env, actor, scheme.receiver(), frames_per_batch=16)
+    return learner, actor, sender, collector
+
+
+def test_connect_gives_the_collector_the_learners_initial_weights():
+    learner, actor, _, _ = make_pair(SharedMemSync())
+    assert torch.equal(actor.actor[0].weight, learner.actor[0].weight)
+
+
+def test_push_reaches_the_collector_at_the_next_batch_with_buffers_and_version():
+    learner, actor, sender, collector = make_pair(SharedMemSync())
+    batches = iter(collector)
+    assert next(batches)["policy_version"].unique().tolist() == [0]
+    with torch.no_grad():
+        learner.actor[0].weight.fill_(0.5)
+    learner.obs_norm.update(torch.randn(100, 4) * 3 + 7)
+    assert sender.push() == 1
+    batch = next(batches)
+    assert batch["policy_version"].unique().tolist() == [1]
+    assert torch.equal(actor.actor[0].weight, torch.full_like(actor.actor[0].weight, 0.5))
+    assert torch.equal(actor.obs_norm.mean, learner.obs_norm.mean)
+    assert actor.obs_norm.count.item() == 100
+
+
+def test_learner_changes_without_a_push_never_reach_the_collector():
+    learner, actor, sender, collector = make_pair(SharedMemSync())
+    batches = iter(collector)
+    next(batches)
+    before = actor.actor[0].weight.clone()
+    with torch.no_grad():
+        learner.actor[0].weight.add_(1.0)  # an optimizer step, in place, without a push
+    next(batches)
+    assert torch.equal(actor.actor[0].weight, before)
+    assert actor.actor[0].weight.data_ptr() != learner.actor[0].weight.data_ptr()
+
+
+def test_sync_none_keeps_the_collectors_own_weights():
+    learner, actor, sender, collector = make_pair(NoSync())
+    before = actor.actor[0].weight.clone()
+    with torch.no_grad():
+        learner.actor[0].weight.add_(1.0)
+    assert sender.push() == 0
+    batch = next(iter(collector))
+    assert torch.equal(actor.actor[0].weight, before)
+    assert batch["policy_version"].unique().tolist() == [0]
+
+
+def test_a_snapshot_is_never_a_mix_of_two_versions():
+    env = BatchedEnv("CartPole-v1", num_envs=1)
+    learner, actor = ActorCritic(env.spec), ActorCritic(env.spec)
+    scheme = SharedMemSync()
+    sender = scheme.sender(learner)
+    receiver = scheme.receiver()
+    receiver.connect(actor)
+    for version in range(1, 20):
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.fill_(version)
+        sender.push()
+        if version % 3 == 0:  # the receiver skips versions but always lands on a whole one
+            assert receiver.poll()
+            values = {p.unique().item() for p in actor.parameters()}
+            assert values == {float(version)}, values
+            assert receiver.version == version
+
+
+def test_layout_mismatch_is_a_clear_error_at_connect():
+    env = BatchedEnv("CartPole-v1", num_envs=1)
+    scheme = SharedMemSync()
+    scheme.sender(ActorCritic(env.spec, hidden_sizes=[64, 64]))
+    with pytest.raises(SyncError, match=r"actor\.0\.weight: learner \(64, 4\) torch.float32, collector \(32, 4\)"):
+        scheme.receiver().connect(ActorCritic(env.spec, hidden_sizes=[32, 64]))
+
+
+def test_dtype_mismatch_is_a_clear_error_at_connect():
+    env = BatchedEnv("CartPole-v1", num_envs=1)
+    scheme = SharedMemSync()
+    scheme.sender(ActorCritic(env.spec))
+    with pytest.raises(SyncError, match="torch.float64"):
+        scheme.receiver().connect(ActorCritic(env.spec).double())

@@ -1,0 +1,26 @@
+"""Tiny gymnasium envs for tests, registered on import (``env.id=tests.toy_envs:Counting-v0``)."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import numpy as np
+
+
+class CountingEnv(gym.Env):
+    """Observation = steps taken in the episode; reward 1 per step; never terminates on its own,
+    so every episode ends by truncation (TimeLimit, max_episode_steps=5)."""
+
+    observation_space = gym.spaces.Box(0.0, 1000.0, shape=(1,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], dtype=np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([float(self.t)], dtype=np.float32), 1.0, False, False, {}
+
+
+gym.register("Counting-v0", entry_point=CountingEnv, max_episode_steps=5)
