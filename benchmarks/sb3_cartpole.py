@@ -1,0 +1,53 @@
+"""stable-baselines3 PPO on CartPole-v1 with RL-Zoo's tuned hyperparameters, stopping at the
+same rule as rltrain (mean of the last 10 training episodes >= 475). Prints one JSON line.
+
+Run by cartpole_solve.py as a whole process; alone: python benchmarks/sb3_cartpole.py --seed 0
+"""
+
+import argparse
+import json
+import time
+
+t_start = time.perf_counter()
+
+from stable_baselines3 import PPO  # noqa: E402
+from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
+from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
+
+
+class StopAtReturn(BaseCallback):
+    def __init__(self, threshold: float, window: int = 10):
+        super().__init__()
+        self.threshold, self.window, self.solved_at = threshold, window, None
+
+    def _on_step(self) -> bool:
+        episodes = list(self.model.ep_info_buffer)[-self.window:]
+        if len(episodes) == self.window and sum(e["r"] for e in episodes) / self.window >= self.threshold:
+            self.solved_at = self.num_timesteps
+            return False
+        return True
+
+
+def linear(start: float):
+    return lambda progress_remaining: progress_remaining * start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--total", type=int, default=200_000)
+    args = parser.parse_args()
+    env = make_vec_env("CartPole-v1", n_envs=8, seed=args.seed)
+    model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
+                ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=args.seed, device="cpu",
+                verbose=0)
+    callback = StopAtReturn(475.0)
+    t_learn = time.perf_counter()
+    model.learn(args.total, callback=callback)
+    learn_s = time.perf_counter() - t_learn
+    print(json.dumps({"frames_to_solve": callback.solved_at, "frames": model.num_timesteps, "learn_s": learn_s,
+                      "in_process_s": time.perf_counter() - t_start}))
+
+
+if __name__ == "__main__":
+    main()
