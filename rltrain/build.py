@@ -36,6 +36,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
         torch.set_num_threads(cfg.threads)
     device = _resolve_device(cfg.device)
 
+    # Until the Trainer owns them, whatever was started is closed again if a later step fails.
     with ExitStack() as cleanup:
         env = _construct(cfg.env, seed=cfg.seed)
         cleanup.callback(env.close)
@@ -48,9 +49,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
         # The collector acts with its own CPU copy, fed only by the sync scheme.
         collector = _construct(cfg.collector, env=env, policy=copy.deepcopy(policy).to("cpu"),
                                receiver=scheme.receiver())
-        cleanup.pop_all()
         cleanup.callback(collector.close)
-        cleanup.callback(sender.close)
 
         loggers = [JsonlLogger(run_dir)]
         resolved = OmegaConf.to_container(cfg, resolve=True)

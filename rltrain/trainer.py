@@ -61,8 +61,8 @@ class TrainState:
     pushes: int = 0
     metrics: dict[str, float] = field(default_factory=dict)  # the last update's metrics
     episodes: int = 0
-    recent_returns: deque = None  # returns of the last `return_window` finished training episodes
-    recent_lengths: deque = None
+    recent_returns: deque = field(init=False)  # returns of the last `return_window` finished training episodes
+    recent_lengths: deque = field(init=False)
     eval_return: float | None = None
     solved_at_frames: int | None = None
     lag_sum: float = 0.0

@@ -79,7 +79,7 @@ RULES: list[tuple[str, Callable, str, str]] = [
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first problem found in ``cfg``."""
     try:
-        OmegaConf.resolve(OmegaConf.create(OmegaConf.to_container(cfg, resolve=False)))
+        OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"the config does not resolve: {e}") from None
     for key, check, allowed, hint in RULES:

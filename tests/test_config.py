@@ -105,5 +105,5 @@ def test_cfg_job_prints_the_composed_config_with_overrides(tmp_path):
 
 
 def test_configs_open_with_a_comment_saying_what_they_are_for():
-    for path in sorted(Path(CONFIGS).rglob("*.yaml")):
+    for path in sorted([*Path(CONFIGS).rglob("*.yaml"), *(Path(CONFIGS).parent / "recipes").rglob("*.yaml")]):
         assert path.read_text().startswith("#"), f"{path} should open with a comment"

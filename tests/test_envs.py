@@ -63,3 +63,13 @@ def test_continuous_actions_are_clipped_to_the_box_by_the_env_but_stored_raw():
     assert batch["action"].shape == (32, 2, 1)
     assert batch["action"].abs().max() > 2.0
     assert torch.isfinite(batch["log_prob"]).all()
+
+
+def test_env_kwargs_reach_gymnasium_make(tmp_path):
+    from rltrain import build
+    from tests.conftest import make_config
+
+    cfg = make_config("+env.kwargs.max_episode_steps=20", "trainer.total_frames=1024", "trainer.stop_at_return=null")
+    trainer = build(cfg, run_dir=tmp_path)
+    trainer.fit()
+    assert max(trainer.state.recent_lengths) <= 20

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from rltrain import build
-from tests.conftest import make_config
+from tests.conftest import ROOT, make_config, run_cli
 
 
 def train(tmp_path, *overrides):
@@ -26,10 +28,12 @@ def test_without_weight_pushes_the_collector_never_improves(tmp_path):
     assert summary["eval_return"] > 100  # ...while the learner itself did learn
 
 
-def test_ppo_learns_pendulum_continuous_control(tmp_path):
-    summary = train(tmp_path, "env=pendulum", "trainer.total_frames=100000", "collector.frames_per_batch=2048",
-                    "algo.gamma=0.9", "algo.gae_lambda=0.95", "algo.epochs=10", "algo.minibatch_size=256",
-                    "algo.lr=3e-3", "algo.network.normalize_obs=true")
+def test_the_pendulum_recipe_learns_continuous_control(tmp_path):
+    result = run_cli("--config-dir", str(ROOT / "recipes"), "--config-name", "ppo_pendulum", "hydra.run.dir=run",
+                     cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["frames"] >= 100_000
     # A random policy scores about -1200; swinging up and holding reaches about -200.
     assert summary["train_return"] >= -500
     assert summary["eval_return"] >= -500
