@@ -1,43 +1,6 @@
-"""Command-line entry point: ``python -m rltrain [overrides]`` (Hydra app, see --help)."""
-
-from __future__ import annotations
-
-import os
-import sys
-from pathlib import Path
-
-import hydra
-from omegaconf import DictConfig
-
-from rltrain.build import build
-from rltrain.errors import ConfigError
-
-# In a source checkout the Hydra tree is ../configs; an installed wheel carries it inside the package.
-_PACKAGED = Path(__file__).parent / "configs"
-CONFIG_DIR = str(_PACKAGED if _PACKAGED.is_dir() else Path(__file__).parent.parent / "configs")
-
-
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
-def run(cfg: DictConfig) -> float | None:
-    """Train one run; returns the final evaluation return (what an optimizing sweeper maximizes)."""
-    try:
-        trainer = build(cfg)
-    except ConfigError as e:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        print(f"rltrain: config error: {e}", file=sys.stderr)
-        sys.exit(2)
-    try:
-        summary = trainer.fit()
-    except KeyboardInterrupt:
-        print(f"rltrain: interrupted; summary written to {trainer.state.run_dir / 'summary.json'}", file=sys.stderr)
-        sys.exit(130)
-    return summary["eval_return"]
-
-
-def main() -> None:
-    run()
-
+"""``python -m rltrain``. Kept import-free: spawned collector workers re-import this module."""
 
 if __name__ == "__main__":
+    from rltrain.cli import main
+
     main()

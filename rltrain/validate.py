@@ -58,6 +58,7 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("collector.frames_per_batch", _positive_int, "an integer >= 1", ""),
     ("sync.every", _positive_int, "an integer >= 1", "; use sync=none to never push weights"),
     ("sync.timeout_s", _positive, "a number > 0", ""),
+    ("sync.slots", lambda v: _positive_int(v) and v >= 2, "an integer >= 2", ""),
     ("algo.lr", _positive, "a number > 0", ""),
     ("algo.gamma", lambda v: _unit(v) and v > 0, "a number in (0, 1]", ""),
     ("algo.gae_lambda", _unit, "a number in [0, 1]", ""),

@@ -100,7 +100,7 @@ def test_multirun_sweep_runs_each_job_in_its_own_dir_under_outputs(tmp_path):
 
 
 def test_the_app_returns_the_final_eval_return():
-    from rltrain.__main__ import run
+    from rltrain.cli import run
 
     # Hydra's decorator keeps the undecorated function; calling it directly shows the return value.
     cfg = make_config("trainer.total_frames=512", "hooks.eval.episodes=2")

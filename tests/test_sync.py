@@ -97,3 +97,26 @@ def test_dtype_mismatch_is_a_clear_error_at_connect():
     scheme.sender(ActorCritic(env.spec))
     with pytest.raises(SyncError, match="torch.float64"):
         scheme.receiver().connect(ActorCritic(env.spec).double())
+
+
+def test_a_collector_acting_on_an_old_version_is_never_overwritten():
+    env = BatchedEnv("CartPole-v1", num_envs=1)
+    learner, slow, fast = ActorCritic(env.spec), ActorCritic(env.spec), ActorCritic(env.spec)
+    scheme = SharedMemSync(slots=3)
+    sender = scheme.sender(learner)
+    slow_receiver, fast_receiver = scheme.receiver(), scheme.receiver()
+    slow_receiver.connect(slow)
+    fast_receiver.connect(fast)
+    with torch.no_grad():
+        for p in learner.parameters():
+            p.fill_(1.0)
+    sender.push()
+    slow_receiver.poll()  # the slow collector acts with version 1 from now on
+    for version in range(2, 8):
+        with torch.no_grad():
+            for p in learner.parameters():
+                p.fill_(float(version))
+        sender.push()
+        fast_receiver.poll()
+        assert {p.unique().item() for p in fast.parameters()} == {float(version)}
+        assert {p.unique().item() for p in slow.parameters()} == {1.0}

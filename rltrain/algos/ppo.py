@@ -7,12 +7,16 @@ batch, then ``epochs`` passes of shuffled minibatches over the clipped policy lo
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
-from tensordict import TensorDict
 from torch import nn
 
 from rltrain.algos.advantages import gae
 from rltrain.algos.networks import ActorCritic
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
 
 
 class PPO:

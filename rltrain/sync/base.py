@@ -1,19 +1,22 @@
-"""The weight-sync interface every scheme implements.
+"""The weight-sync interface every scheme implements, and the flat snapshot buffer they share.
 
 The learner's ``WeightSender`` publishes versioned snapshots of the policy (parameters and
-buffers); each collector's ``WeightReceiver`` copies the newest one into its own policy at a
-boundary it chooses. Receivers are built on the learner and handed to collectors (in another
-process for the multi-process collectors), so they hold only picklable state until ``connect``.
+buffers); each collector's ``WeightReceiver`` makes the newest one its policy's weights at a
+boundary the collector chooses. Receivers are created on the learner and pickled into collector
+worker processes, so they hold only tensors, locks and pipes (no tensordict, no Hydra) until
+``connect`` binds them to the worker's policy.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 
-from tensordict import TensorDict
+import torch
 from torch import nn
 
 from rltrain.errors import SyncError
+
+_ALIGN = 64  # bytes; every tensor in a flat snapshot starts on a cache line
 
 
 class WeightSender(ABC):
@@ -27,17 +30,17 @@ class WeightSender(ABC):
         """Snapshot the learner's policy and publish it; returns the new version."""
 
     def close(self) -> None:
-        """Release what the sender holds (shared memory, pipes, process groups)."""
+        """Release what the sender holds."""
 
 
 class WeightReceiver(ABC):
-    """Collector side: applies the newest published snapshot to a local policy copy."""
+    """Collector side: gives a local policy the newest published snapshot."""
 
     version: int = 0
 
     @abstractmethod
     def connect(self, policy: nn.Module) -> None:
-        """Bind to the collector's policy, check its layout against the snapshot, apply the newest one."""
+        """Bind to the collector's policy, check its layout against the snapshot's, apply the newest one."""
 
     @abstractmethod
     def poll(self) -> bool:
@@ -56,28 +59,86 @@ class WeightSyncScheme(ABC):
 
     @abstractmethod
     def receiver(self) -> WeightReceiver:
-        """Create a receiver for one collector (or collector worker)."""
+        """Create a receiver for one collector (or collector worker); picklable."""
 
 
-def weights_of(policy: nn.Module) -> TensorDict:
-    """The policy's parameters and buffers as a TensorDict of plain tensors sharing its storage."""
-    return TensorDict.from_module(policy).data
+def named_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
+    """The policy's parameters and buffers by dotted name (obs-normalizer statistics included)."""
+    weights = {name: p.detach() for name, p in policy.named_parameters()}
+    weights.update({name: b for name, b in policy.named_buffers()})
+    return weights
 
 
-def check_same_layout(expected: TensorDict, actual: TensorDict) -> None:
-    """Raise SyncError naming every entry whose presence, shape or dtype differs."""
-    problems = []
-    exp_keys = set(expected.keys(include_nested=True, leaves_only=True))
-    act_keys = set(actual.keys(include_nested=True, leaves_only=True))
-    problems += [f"missing in the collector's policy: {_name(k)}" for k in sorted(exp_keys - act_keys, key=str)]
-    problems += [f"not in the learner's snapshot: {_name(k)}" for k in sorted(act_keys - exp_keys, key=str)]
-    for key in sorted(exp_keys & act_keys, key=str):
-        e, a = expected[key], actual[key]
-        if e.shape != a.shape or e.dtype != a.dtype:
-            problems.append(f"{_name(key)}: learner {tuple(e.shape)} {e.dtype}, collector {tuple(a.shape)} {a.dtype}")
-    if problems:
-        raise SyncError("weight snapshot does not match the collector's policy: " + "; ".join(problems))
+class FlatWeights:
+    """One contiguous CPU buffer holding a copy of every weight tensor, with a view per name.
+
+    One storage means one shared-memory segment (one file descriptor) per snapshot, whatever
+    the number of tensors, and pickles as that single segment.
+    """
+
+    def __init__(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]], shared: bool):
+        self.layout = layout
+        offsets, total = {}, 0
+        for name, (shape, dtype) in layout.items():
+            offsets[name] = total
+            nbytes = torch.Size(shape).numel() * dtype.itemsize
+            total += -(-nbytes // _ALIGN) * _ALIGN
+        self.buffer = torch.zeros(max(total, _ALIGN), dtype=torch.uint8)
+        if shared:
+            self.buffer.share_memory_()
+        self._offsets = offsets
+        self._make_views()
+
+    @classmethod
+    def like(cls, policy: nn.Module, shared: bool) -> FlatWeights:
+        layout = {name: (tuple(t.shape), t.dtype) for name, t in named_weights(policy).items()}
+        return cls(layout, shared)
+
+    def _make_views(self) -> None:
+        self.views = {}
+        for name, (shape, dtype) in self.layout.items():
+            start = self._offsets[name]
+            nbytes = torch.Size(shape).numel() * dtype.itemsize
+            self.views[name] = self.buffer[start : start + nbytes].view(dtype).view(shape)
+
+    def __getstate__(self):
+        return {"layout": self.layout, "buffer": self.buffer, "_offsets": self._offsets}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._make_views()
+
+    def copy_from(self, weights: dict[str, torch.Tensor]) -> None:
+        names = list(self.views)
+        sources = [weights[n] for n in names]
+        torch._foreach_copy_([self.views[n] for n in names], sources, non_blocking=True)
+        if any(s.is_cuda for s in sources):
+            torch.cuda.synchronize()
+
+    def copy_into(self, weights: dict[str, torch.Tensor]) -> None:
+        names = list(self.views)
+        with torch.no_grad():
+            torch._foreach_copy_([weights[n] for n in names], [self.views[n] for n in names])
+
+    def check_matches(self, policy: nn.Module) -> None:
+        """Raise SyncError naming every weight whose presence, shape or dtype differs."""
+        actual = {name: (tuple(t.shape), t.dtype) for name, t in named_weights(policy).items()}
+        problems = [f"missing in the collector's policy: {n}" for n in self.layout if n not in actual]
+        problems += [f"not in the learner's snapshot: {n}" for n in actual if n not in self.layout]
+        for name in self.layout.keys() & actual.keys():
+            (es, ed), (as_, ad) = self.layout[name], actual[name]
+            if es != as_ or ed != ad:
+                problems.append(f"{name}: learner {es} {ed}, collector {as_} {ad}")
+        if problems:
+            raise SyncError("weight snapshot does not match the collector's policy: " + "; ".join(sorted(problems)))
 
 
-def _name(key) -> str:
-    return ".".join(key) if isinstance(key, tuple) else str(key)
+def bind_weights(policy: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    """Make ``tensors`` the policy's parameters and buffers without copying (an inference-only policy)."""
+    for name, tensor in tensors.items():
+        module_name, _, attr = name.rpartition(".")
+        module = policy.get_submodule(module_name)
+        if attr in module._parameters:
+            module._parameters[attr] = nn.Parameter(tensor, requires_grad=False)
+        else:
+            module._buffers[attr] = tensor

@@ -1,10 +1,10 @@
-"""``sync=none``: the learner never pushes; collectors keep the weights they started with."""
+"""``sync=none``: the learner never pushes; collectors keep the learner's initial weights."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from rltrain.sync.base import WeightReceiver, WeightSender, WeightSyncScheme
+from rltrain.sync.base import FlatWeights, WeightReceiver, WeightSender, WeightSyncScheme, named_weights
 
 
 class _NoSender(WeightSender):
@@ -12,19 +12,28 @@ class _NoSender(WeightSender):
         return self.version
 
 
-class _NoReceiver(WeightReceiver):
+class _InitialWeightsReceiver(WeightReceiver):
+    def __init__(self, initial: FlatWeights):
+        self._initial = initial
+
     def connect(self, policy: nn.Module) -> None:
-        pass
+        self._initial.check_matches(policy)
+        self._initial.copy_into(named_weights(policy))
 
     def poll(self) -> bool:
         return False
 
 
 class NoSync(WeightSyncScheme):
-    """Never moves weights: useful as a baseline, or for collectors with a fixed policy."""
+    """Never moves weights after the start: a baseline, or for collectors with a fixed policy."""
+
+    def __init__(self):
+        self._initial: FlatWeights | None = None
 
     def sender(self, policy: nn.Module) -> WeightSender:
+        self._initial = FlatWeights.like(policy, shared=False)
+        self._initial.copy_from(named_weights(policy))
         return _NoSender()
 
     def receiver(self) -> WeightReceiver:
-        return _NoReceiver()
+        return _InitialWeightsReceiver(self._initial)

@@ -1,88 +1,132 @@
-"""``sync=shared_mem``: snapshots in preallocated shared-memory buffers.
+"""``sync=shared_mem``: versioned snapshots in preallocated shared-memory slots, read in place.
 
-Two snapshot slots (double buffering): the learner writes the slot nobody is told to read, then
-publishes ``version`` and the slot index in one int64 store. Each slot has a sequence counter
-that is odd while it is written (a seqlock), so a reader that raced a second push notices and
-re-reads: a policy never holds a mix of two versions. One push is one copy, whatever the number
-of receivers; each receiver copies the slot into its own policy when it polls.
+The learner copies its weights into a slot that is neither published nor in use, then publishes
+``version`` and the slot index together. A receiver that sees a newer version pins the published
+slot and makes its views the policy's weights: no copy on the collector side, so a push costs one
+copy of the weights whatever the number of collectors. A pinned slot is never written, so a
+collector never acts with a mix of two versions, and in-place changes to the learner's live
+weights never reach it. The slot choice and the pins are guarded by one inter-process lock held
+for microseconds; the copies happen outside it.
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import time
 
 import torch
-from tensordict import TensorDict
 from torch import nn
 
 from rltrain.errors import SyncError
-from rltrain.sync.base import WeightReceiver, WeightSender, WeightSyncScheme, check_same_layout, weights_of
+from rltrain.sync.base import (
+    FlatWeights,
+    WeightReceiver,
+    WeightSender,
+    WeightSyncScheme,
+    bind_weights,
+    named_weights,
+)
 
-_META_WORD, _META_SEQ = 0, 1  # meta[0] = version * 2 + slot; meta[1 + slot] = that slot's sequence counter
+
+class _Shared:
+    """The state sender and receivers share: slots, the published word, one pin per receiver."""
+
+    def __init__(self, slots: list[FlatWeights], timeout_s: float):
+        self.slots = slots
+        self.word = torch.zeros(1, dtype=torch.int64).share_memory_()  # version * len(slots) + slot
+        self.lock = mp.get_context("spawn").Lock()
+        self.pins: list[torch.Tensor] = []
+        self.timeout_s = timeout_s
+
+    def locked(self):
+        if not self.lock.acquire(timeout=self.timeout_s):
+            raise SyncError(f"shared_mem: weight-sync lock not acquired within {self.timeout_s}s "
+                            "(a collector process died while holding it?)")
+        return _Release(self.lock)
+
+
+class _Release:
+    def __init__(self, lock):
+        self.lock = lock
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.lock.release()
 
 
 class _SharedMemSender(WeightSender):
-    def __init__(self, policy: nn.Module, slots: list[TensorDict], meta: torch.Tensor):
-        self._source = weights_of(policy)
-        self._slots, self._meta = slots, meta
+    def __init__(self, policy: nn.Module, shared: _Shared):
+        self._weights = named_weights(policy)
+        self._shared = shared
 
     def push(self) -> int:
+        shared, n_slots = self._shared, len(self._shared.slots)
+        deadline = time.monotonic() + shared.timeout_s
+        while True:
+            with shared.locked():
+                busy = {int(shared.word) % n_slots, *(int(p) for p in shared.pins)}
+                free = [s for s in range(n_slots) if s not in busy]
+            if free:
+                break
+            if time.monotonic() > deadline:
+                raise SyncError(f"shared_mem: every weight slot stayed in use for {shared.timeout_s}s; "
+                                "a collector is not polling for new weights")
+            time.sleep(0.0002)
+        slot = free[0]
+        shared.slots[slot].copy_from(self._weights)  # nobody reads this slot: unpublished, unpinned
         version = self.version + 1
-        slot = 1 - int(self._meta[_META_WORD]) % 2
-        seq = self._meta[_META_SEQ + slot : _META_SEQ + slot + 1]
-        seq += 1  # odd: being written
-        self._slots[slot].update_(self._source)
-        seq += 1  # even: complete
-        self._meta[_META_WORD] = version * 2 + slot
+        with shared.locked():
+            shared.word.fill_(version * n_slots + slot)
         self.version, self.pushes = version, self.pushes + 1
         return version
 
 
 class _SharedMemReceiver(WeightReceiver):
-    def __init__(self, slots: list[TensorDict], meta: torch.Tensor, timeout_s: float):
-        self._slots, self._meta, self._timeout_s = slots, meta, timeout_s
-        self._local: TensorDict | None = None
-        self.version = -1  # forces the first poll (at connect) to apply the published snapshot
+    def __init__(self, shared: _Shared, pin: torch.Tensor):
+        self._shared, self._pin = shared, pin
+        self._policy: nn.Module | None = None
+        self.version = -1  # the first poll (in connect) binds whatever is published
 
     def connect(self, policy: nn.Module) -> None:
-        self._local = weights_of(policy)
-        check_same_layout(self._slots[0], self._local)
+        self._shared.slots[0].check_matches(policy)
+        self._policy = policy
         self.poll()
 
     def poll(self) -> bool:
-        deadline = time.monotonic() + self._timeout_s
-        while True:
-            word = int(self._meta[_META_WORD])
-            version, slot = word // 2, word % 2
-            if version == self.version:
-                return False
-            before = int(self._meta[_META_SEQ + slot])
-            if before % 2 == 0:
-                self._local.update_(self._slots[slot])
-                if int(self._meta[_META_SEQ + slot]) == before:
-                    self.version = version
-                    return True
-            if time.monotonic() > deadline:  # a writer died mid-copy, or pushes outrun every read
-                raise SyncError(f"shared_mem: no consistent weight snapshot within {self._timeout_s}s")
+        shared, n_slots = self._shared, len(self._shared.slots)
+        if int(shared.word) // n_slots == self.version:  # lock-free fast path: nothing new
+            return False
+        with shared.locked():
+            word = int(shared.word)
+            self._pin.fill_(word % n_slots)
+        bind_weights(self._policy, shared.slots[word % n_slots].views)
+        self.version = word // n_slots
+        return True
+
+    def close(self) -> None:
+        self._pin.fill_(-1)
 
 
 class SharedMemSync(WeightSyncScheme):
-    """Versioned snapshots in shared memory, double-buffered with a seqlock."""
+    """Versioned snapshots in ``slots`` shared-memory buffers, read in place by every collector."""
 
-    def __init__(self, timeout_s: float = 30.0):
-        if timeout_s <= 0:
-            raise ValueError("timeout_s must be > 0")
-        self.timeout_s = timeout_s
-        self._slots: list[TensorDict] | None = None
-        self._meta: torch.Tensor | None = None
+    def __init__(self, slots: int = 3, timeout_s: float = 30.0):
+        if slots < 2:
+            raise ValueError("slots must be >= 2 (one published, one being written)")
+        self.n_slots, self.timeout_s = slots, timeout_s
+        self._shared: _Shared | None = None
 
     def sender(self, policy: nn.Module) -> WeightSender:
-        snapshot = weights_of(policy).to("cpu")
-        self._slots = [snapshot.clone().share_memory_() for _ in range(2)]
-        self._meta = torch.zeros(3, dtype=torch.int64).share_memory_()  # version 0 is in slot 0
-        return _SharedMemSender(policy, self._slots, self._meta)
+        slots = [FlatWeights.like(policy, shared=True) for _ in range(self.n_slots)]
+        slots[0].copy_from(named_weights(policy))  # version 0, the initial weights, in slot 0
+        self._shared = _Shared(slots, self.timeout_s)
+        return _SharedMemSender(policy, self._shared)
 
     def receiver(self) -> WeightReceiver:
-        if self._slots is None:
+        if self._shared is None:
             raise SyncError("SharedMemSync.receiver() called before sender(): the learner's policy defines the layout")
-        return _SharedMemReceiver(self._slots, self._meta, self.timeout_s)
+        pin = torch.full((1,), -1, dtype=torch.int64).share_memory_()
+        self._shared.pins.append(pin)
+        return _SharedMemReceiver(self._shared, pin)

@@ -1,4 +1,6 @@
-"""The factory: a composed config in, a ready Trainer out. The only place that wires parts together.
+"""The factory behind ``rltrain.build``: a composed config in, a ready Trainer out. The only place
+that wires parts together (a module apart from the package root so that importing ``rltrain`` stays
+cheap for spawned collector workers).
 
 Order: validate everything, then env -> policy -> algo -> sync -> collector -> loggers -> hooks.
 If any step fails, whatever was already started is closed again.
