@@ -38,7 +38,7 @@ def collector_fps(num_envs: int, frames_per_batch: int, seconds: float) -> float
     policy = ActorCritic(env.spec, hidden_sizes=[64, 64])
     scheme = SharedMemSync()
     scheme.sender(policy)
-    batches = iter(LocalCollector(env, policy, scheme.receiver(), frames_per_batch=frames_per_batch))
+    batches = iter(LocalCollector(lambda: env, lambda: policy, scheme.receiver, frames_per_batch=frames_per_batch))
     next(batches)  # warm-up
     frames, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:

@@ -7,3 +7,7 @@ class ConfigError(ValueError):
 
 class SyncError(RuntimeError):
     """Weights could not be moved between learner and collector (layout mismatch, timeout)."""
+
+
+class CollectorError(RuntimeError):
+    """A collector worker raised, died or stopped answering; the message says which and why."""

@@ -8,7 +8,6 @@ If any step fails, whatever was already started is closed again.
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 import logging
@@ -22,6 +21,7 @@ import torch
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rltrain.envs import EnvSpec
 from rltrain.loggers import JsonlLogger
 from rltrain.trainer import Trainer
 from rltrain.validate import WIRING_KEYS, validate
@@ -38,39 +38,53 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
         torch.set_num_threads(cfg.threads)
     device = _resolve_device(cfg.device)
 
+    # Plain functools.partial factories of plain values: they pickle into spawned worker processes.
+    make_env = instantiate(cfg.env, _partial_=True, _convert_="all", seed=cfg.seed)
+    env_spec = _probe_spec(make_env)
+    make_policy = functools.partial(instantiate(cfg.algo.network, _partial_=True, _convert_="all"), env_spec=env_spec)
+
     # Until the Trainer owns them, whatever was started is closed again if a later step fails.
     with ExitStack() as cleanup:
-        env = _construct(cfg.env, seed=cfg.seed)
-        cleanup.callback(env.close)
-        policy = _construct(cfg.algo.network, env_spec=env.spec).to(device)
+        policy = make_policy().to(device)
         algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), policy=policy, device=device,
                           total_frames=cfg.trainer.total_frames)
         scheme = _construct(_without(cfg.sync, WIRING_KEYS["sync"]))
         sender = scheme.sender(policy)
         cleanup.callback(sender.close)
-        # The collector acts with its own CPU copy, fed only by the sync scheme.
-        collector = _construct(cfg.collector, env=env, policy=copy.deepcopy(policy).to("cpu"),
-                               receiver=scheme.receiver())
+        # Collectors build their own policy copies; weights reach them only through the sync scheme.
+        collector = _instantiate_with(cfg.collector, make_env=make_env, make_policy=make_policy,
+                                      make_receiver=scheme.receiver, env_spec=env_spec, seed=cfg.seed)
         cleanup.callback(collector.close)
 
         loggers = [JsonlLogger(run_dir)]
+        cleanup.callback(loggers[-1].close)
         resolved = OmegaConf.to_container(cfg, resolve=True)
         for node in (cfg.get("logger") or {}).values():
             loggers.append(_instantiate_with(node, run_dir=run_dir, config=resolved))
             cleanup.callback(loggers[-1].close)
-        make_env = functools.partial(_construct, cfg.env, seed=cfg.seed + 1_000_000)
-        runtime = {"policy": policy, "sender": sender, "loggers": loggers, "make_env": make_env,
-                   "device": device, "env_spec": env.spec, "run_dir": run_dir, "algo": algo}
+        runtime = {"policy": policy, "sender": sender, "loggers": loggers, "device": device,
+                   "make_env": functools.partial(make_env, seed=cfg.seed + 1_000_000),
+                   "env_spec": env_spec, "run_dir": run_dir, "algo": algo}
         hooks = {name: _instantiate_with(node, **runtime) for name, node in (cfg.get("hooks") or {}).items()}
 
         stop_at_return = cfg.trainer.stop_at_return
         if stop_at_return == "auto":
-            stop_at_return = env.spec.reward_threshold
-        trainer = Trainer(collector, algo, hooks, run_dir, total_frames=cfg.trainer.total_frames,
-                          stop_at_return=stop_at_return, return_window=cfg.trainer.return_window)
+            stop_at_return = env_spec.reward_threshold
+        trainer = Trainer(collector, algo, hooks, loggers, run_dir, total_frames=cfg.trainer.total_frames,
+                          stop_at_return=stop_at_return, return_window=cfg.trainer.return_window,
+                          max_lag=getattr(collector, "max_lag", None))
         cleanup.pop_all()
-    log.info("run dir %s | %s on %s | device %s", run_dir, type(algo).__name__, env.spec.id, device)
+    log.info("run dir %s | %s on %s | %s collector | device %s", run_dir, type(algo).__name__, env_spec.id,
+             type(collector).__name__, device)
     return trainer
+
+
+def _probe_spec(make_env) -> EnvSpec:
+    env = make_env(num_envs=1)
+    try:
+        return env.spec
+    finally:
+        env.close()
 
 
 def _construct(node: DictConfig, **runtime):

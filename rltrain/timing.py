@@ -8,6 +8,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 
+STANDARD_PHASES = ("collect", "update", "sync", "hooks", "eval", "log")
+
+
 class PhaseTimer:
     """``with timer.phase("update"): ...`` adds the elapsed seconds to that phase."""
 
@@ -35,7 +38,8 @@ class PhaseTimer:
         return window
 
     def breakdown(self) -> dict[str, float]:
-        """Run totals per phase, plus ``other`` so that they add up to the wall time."""
-        totals = dict(self.totals)
+        """Run totals per phase (the standard ones always present), plus ``other`` so that they add
+        up to the wall time."""
+        totals = {phase: 0.0 for phase in STANDARD_PHASES} | dict(self.totals)
         totals["other"] = max(self.elapsed() - sum(totals.values()), 0.0)
         return {k: round(v, 4) for k, v in totals.items()}

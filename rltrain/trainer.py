@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 from collections import defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,8 @@ from typing import Any, Protocol
 from tensordict import TensorDict
 
 from rltrain.hooks.base import Hook
+from rltrain.loggers import Logger
+from rltrain.loggers.files import json_safe
 from rltrain.timing import PhaseTimer
 
 log = logging.getLogger("rltrain")
@@ -67,6 +68,7 @@ class TrainState:
     solved_at_frames: int | None = None
     lag_sum: float = 0.0
     lag_max: int = 0
+    dropped_batches: int = 0  # batches over the collector's max_lag, not trained on
     window: MetricWindow = field(default_factory=MetricWindow)
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     should_stop: bool = False  # a hook may set this to end the run after the current update
@@ -91,14 +93,17 @@ class Trainer:
         collector,
         algo: Algo,
         hooks: Mapping[str, Hook],
+        loggers: list[Logger],
         run_dir: str | Path,
         total_frames: int,
         stop_at_return: float | None = None,
         return_window: int = 10,
+        max_lag: int | None = None,
         closeables: list | None = None,
     ):
-        self.collector, self.algo, self.hooks = collector, algo, dict(hooks)
+        self.collector, self.algo, self.hooks, self.loggers = collector, algo, dict(hooks), list(loggers)
         self.stop_at_return = stop_at_return
+        self.max_lag = max_lag  # drop batches with frames more than this many versions old
         self.state = TrainState(Path(run_dir), total_frames, return_window)
         self._closeables = [collector, *(closeables or [])]
 
@@ -128,7 +133,12 @@ class Trainer:
         while state.frames < state.total_frames and not state.should_stop:
             with timer.phase("collect"):
                 batch = next(batches)
-            self._account(batch)
+            lag = state.version - batch["policy_version"]
+            if self.max_lag is not None and int(lag.max()) > self.max_lag:
+                state.dropped_batches += 1
+                state.window.add({"sync/dropped_batches": 1})
+                continue
+            self._account(batch, lag)
             self._fire("batch", batch)
             with timer.phase("update"):
                 metrics = self.algo.update(batch)
@@ -142,7 +152,7 @@ class Trainer:
                          state.train_return, self.stop_at_return, state.frames)
                 break
 
-    def _account(self, batch: TensorDict) -> None:
+    def _account(self, batch: TensorDict, lag) -> None:
         state = self.state
         state.frames += batch.numel()
         state.batches += 1
@@ -152,7 +162,6 @@ class Trainer:
             state.recent_returns.extend(returns)
             state.recent_lengths.extend(lengths)
             state.episodes += len(returns)
-        lag = state.version - batch["policy_version"]
         mean_lag, max_lag = lag.float().mean().item(), int(lag.max())
         state.lag_sum += mean_lag
         state.lag_max = max(state.lag_max, max_lag)
@@ -192,19 +201,20 @@ class Trainer:
                 "version": s.version,
                 "mean_lag": s.lag_sum / s.batches if s.batches else 0.0,
                 "max_lag": s.lag_max,
+                "dropped_batches": s.dropped_batches,
             },
         }
-        if self.stop_at_return is not None:
-            summary["solved"] = s.solved_at_frames is not None
-            summary["frames_to_solve"] = s.solved_at_frames
-            summary["stop_at_return"] = self.stop_at_return
+        # Without a target return (stop_at_return null, or an env without a threshold) solved is null.
+        summary["solved"] = None if self.stop_at_return is None else s.solved_at_frames is not None
+        summary["frames_to_solve"] = s.solved_at_frames
+        summary["stop_at_return"] = self.stop_at_return
         return summary
 
     def _write_summary(self, summary: dict[str, Any]) -> None:
         self.state.run_dir.mkdir(parents=True, exist_ok=True)
         path = self.state.run_dir / "summary.json"
         tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=_json_default) + "\n")
+        tmp.write_text(json.dumps(json_safe(summary), indent=2) + "\n")
         tmp.replace(path)
 
     def _close(self, summary: dict[str, Any]) -> None:
@@ -215,6 +225,11 @@ class Trainer:
                 hook.close(self.state, summary)
             except Exception as e:  # noqa: BLE001
                 errors.append(e)
+        for logger in self.loggers:
+            try:
+                logger.close(summary)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
         for part in self._closeables:
             try:
                 part.close()
@@ -222,9 +237,3 @@ class Trainer:
                 errors.append(e)
         for e in errors:
             log.error("error while closing the run: %s", e)
-
-
-def _json_default(value):
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return str(value)

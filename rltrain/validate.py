@@ -24,7 +24,7 @@ RUNTIME_ARGS = {
     "env": {"seed"},
     "algo": {"policy", "total_frames", "device"},
     "algo.network": {"env_spec"},
-    "collector": {"env", "policy", "receiver"},
+    "collector": {"make_env", "make_policy", "make_receiver", "env_spec", "seed"},
     "logger": {"run_dir", "config"},
     "hooks": {"policy", "sender", "loggers", "make_env", "device", "env_spec", "run_dir", "algo"},
 }
@@ -56,6 +56,12 @@ RULES: list[tuple[str, Callable, str, str]] = [
      "a number, auto (the env's reward threshold) or null (never stop early)", ""),
     ("env.num_envs", _positive_int, "an integer >= 1", ""),
     ("collector.frames_per_batch", _positive_int, "an integer >= 1", ""),
+    ("collector.workers", _positive_int, "an integer >= 1", ""),
+    ("collector.envs_per_worker", _positive_int, "an integer >= 1", ""),
+    ("collector.mode", lambda v: v in ("sync", "async"), "sync or async", ""),
+    ("collector.max_lag", lambda v: v is None or (isinstance(v, int) and v >= 0), "an integer >= 0 or null", ""),
+    ("collector.start_method", lambda v: v in ("spawn", "forkserver", "fork"), "spawn, forkserver or fork", ""),
+    ("collector.timeout_s", _positive, "a number > 0", ""),
     ("sync.every", _positive_int, "an integer >= 1", "; use sync=none to never push weights"),
     ("sync.timeout_s", _positive, "a number > 0", ""),
     ("sync.slots", lambda v: _positive_int(v) and v >= 2, "an integer >= 2", ""),
@@ -162,10 +168,15 @@ def _check_schedule(key: str, every) -> None:
 
 def _check_cross(cfg: DictConfig) -> None:
     batch = cfg.collector.get("frames_per_batch")
-    num_envs = cfg.env.get("num_envs", 1)
+    if "envs_per_worker" in cfg.collector:  # multi-process: a batch spans all workers (sync) or one (async)
+        workers = cfg.collector.get("workers", 1) if cfg.collector.get("mode") == "sync" else 1
+        num_envs, what = workers * cfg.collector.envs_per_worker, (
+            "collector.workers x collector.envs_per_worker" if workers > 1 else "collector.envs_per_worker")
+    else:
+        num_envs, what = cfg.env.get("num_envs", 1), "env.num_envs"
     if batch is not None and batch % num_envs:
         raise ConfigError(
-            f"collector.frames_per_batch ({batch}) must be a multiple of env.num_envs ({num_envs}); "
+            f"collector.frames_per_batch ({batch}) must be a multiple of {what} ({num_envs}); "
             f"e.g. collector.frames_per_batch={max(1, batch // num_envs) * num_envs}"
         )
     minibatch = cfg.algo.get("minibatch_size")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 import tests.toy_envs  # noqa: F401  (registers Counting-v0)
@@ -17,7 +18,7 @@ def collect_one_batch(env_id: str, num_envs: int, frames: int):
     policy = ActorCritic(env.spec)
     scheme = SharedMemSync()
     scheme.sender(policy)
-    collector = LocalCollector(env, policy, scheme.receiver(), frames_per_batch=frames)
+    collector = LocalCollector(lambda: env, lambda: policy, scheme.receiver, frames_per_batch=frames)
     return next(iter(collector))
 
 
@@ -54,14 +55,17 @@ def test_termination_does_not_bootstrap():
     assert adv[0, 0].item() == (1 + 0.5 * 5 - 2) + 0.5 * (1.0 - 2.0)  # recursion continues within the episode
 
 
-def test_continuous_actions_are_clipped_to_the_box_by_the_env_but_stored_raw():
-    env = BatchedEnv("Pendulum-v1", num_envs=2, seed=0)
-    policy = ActorCritic(env.spec, init_log_std=2.0)  # wide Gaussian: many samples beyond +-2
+def test_continuous_actions_reach_the_env_clipped_to_its_box_but_are_stored_raw():
+    env = BatchedEnv("tests.toy_envs:RecordAction-v0", num_envs=2, seed=0)
+    policy = ActorCritic(env.spec, init_log_std=2.0)  # wide Gaussian: many samples beyond +-1
     scheme = SharedMemSync()
     scheme.sender(policy)
-    batch = next(iter(LocalCollector(env, policy, scheme.receiver(), frames_per_batch=64)))
-    assert batch["action"].shape == (32, 2, 1)
-    assert batch["action"].abs().max() > 2.0
+    batch = next(iter(LocalCollector(lambda: env, lambda: policy, scheme.receiver, frames_per_batch=64)))
+    assert batch["action"].shape == (32, 2, 2)
+    assert batch["action"].abs().max() > 1.0  # stored as sampled: the log-prob is of this action
+    received = torch.tensor(np.stack(env.envs[0].unwrapped.received))
+    assert received.shape == (32, 2) and received.abs().max() <= 1.0
+    assert torch.equal(received, batch["action"][:, 0].clamp(-1.0, 1.0))
     assert torch.isfinite(batch["log_prob"]).all()
 
 

@@ -31,7 +31,7 @@ def test_summary_and_metrics_hold_the_contract_keys(tmp_path):
     assert SUMMARY_KEYS <= on_disk.keys()
     assert on_disk["status"] == "completed" and on_disk["frames"] == 4096 and on_disk["updates"] == 16
     assert on_disk["solved"] is False and on_disk["frames_to_solve"] is None
-    assert set(on_disk["sync"]) == {"pushes", "version", "mean_lag", "max_lag"}
+    assert set(on_disk["sync"]) == {"pushes", "version", "mean_lag", "max_lag", "dropped_batches"}
     assert on_disk["sync"]["pushes"] == 16
     assert {"collect", "update", "sync", "eval", "log", "other"} <= on_disk["time"].keys()
     assert sum(on_disk["time"].values()) == pytest.approx(on_disk["wall_time_s"], rel=0.05)
@@ -99,9 +99,10 @@ def test_multirun_sweep_runs_each_job_in_its_own_dir_under_outputs(tmp_path):
     assert len(overrides) == 4
 
 
-def test_the_app_returns_the_final_eval_return():
+def test_the_app_returns_the_final_eval_return(tmp_path, monkeypatch):
     from rltrain.cli import run
 
+    monkeypatch.chdir(tmp_path)  # its run dir goes under ./outputs
     # Hydra's decorator keeps the undecorated function; calling it directly shows the return value.
     cfg = make_config("trainer.total_frames=512", "hooks.eval.episodes=2")
     value = run.__wrapped__(cfg)

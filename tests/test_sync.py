@@ -17,7 +17,7 @@ def make_pair(scheme, normalize_obs=True):
     learner = ActorCritic(env.spec, normalize_obs=normalize_obs)
     actor = ActorCritic(env.spec, normalize_obs=normalize_obs)  # different random init
     sender = scheme.sender(learner)
-    collector = LocalCollector(env, actor, scheme.receiver(), frames_per_batch=16)
+    collector = LocalCollector(lambda: env, lambda: actor, scheme.receiver, frames_per_batch=16)
     return learner, actor, sender, collector
 
 

@@ -24,3 +24,24 @@ class CountingEnv(gym.Env):
 
 
 gym.register("Counting-v0", entry_point=CountingEnv, max_episode_steps=5)
+
+
+class RecordActionEnv(gym.Env):
+    """A 2-D Box action in [-1, 1] that the env records exactly as it receives it."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(3,), dtype=np.float32)
+    action_space = gym.spaces.Box(-1.0, 1.0, shape=(2,), dtype=np.float32)
+
+    def __init__(self):
+        self.received = []
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(3, dtype=np.float32), {}
+
+    def step(self, action):
+        self.received.append(np.array(action, copy=True))
+        return np.zeros(3, dtype=np.float32), 0.0, False, False, {}
+
+
+gym.register("RecordAction-v0", entry_point=RecordActionEnv, max_episode_steps=1000)

@@ -1,5 +1,27 @@
-"""Collectors: run envs with a policy copy fed by weight sync, and yield TensorDict batches."""
+"""Collectors: run envs with a policy copy fed by weight sync, and yield TensorDict batches.
 
-from rltrain.collectors.local import LocalCollector
+Attributes are imported lazily: a spawned worker imports ``rltrain.collectors.worker`` and must
+not pull in tensordict through this package.
+"""
 
-__all__ = ["LocalCollector"]
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rltrain.collectors.local import LocalCollector
+    from rltrain.collectors.multiprocess import MultiprocessCollector
+
+__all__ = ["LocalCollector", "MultiprocessCollector"]
+
+
+def __getattr__(name: str):
+    if name == "LocalCollector":
+        from rltrain.collectors.local import LocalCollector
+
+        return LocalCollector
+    if name == "MultiprocessCollector":
+        from rltrain.collectors.multiprocess import MultiprocessCollector
+
+        return MultiprocessCollector
+    raise AttributeError(f"module 'rltrain.collectors' has no attribute {name!r}")

@@ -39,7 +39,3 @@ class LogHook(Hook):
         self._last_frames, self._last_time = state.frames, now
         for logger in self.loggers:
             logger.log(row, step=state.frames)
-
-    def close(self, state, summary) -> None:
-        for logger in self.loggers:
-            logger.close(summary)

@@ -4,10 +4,22 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 from rltrain.loggers.base import Logger
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with non-finite floats as None: NaN and Infinity are not JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
 
 
 class JsonlLogger(Logger):
@@ -19,7 +31,7 @@ class JsonlLogger(Logger):
         self._file = self.path.open("a")
 
     def log(self, row: dict[str, float], step: int) -> None:
-        self._file.write(json.dumps(row) + "\n")
+        self._file.write(json.dumps(json_safe(row)) + "\n")
         self._file.flush()
 
     def close(self, summary: dict[str, Any] | None = None) -> None:

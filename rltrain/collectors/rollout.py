@@ -1,0 +1,87 @@
+"""The stepping loop every collector runs: a policy acting in a BatchedEnv, writing frames into
+preallocated arrays. Used in-process by LocalCollector and inside each worker process.
+
+Only numpy, torch and the env here: worker processes import this without tensordict or Hydra.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from torch import nn
+
+from rltrain.envs.batched import BatchedEnv, EnvSpec
+from rltrain.sync.base import WeightReceiver
+
+# Per-frame arrays of a batch of shape [T, N]. ``next_observation`` becomes ("next", "observation").
+FRAME_KEYS = ("observation", "next_observation", "action", "log_prob", "reward", "terminated", "truncated",
+              "episode_return", "episode_length", "policy_version")
+
+
+def frame_layout(spec: EnvSpec, steps: int, num_envs: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """Shape and dtype of every per-frame array for ``steps`` steps of ``num_envs`` envs."""
+    tn = (steps, num_envs)
+    return {
+        "observation": ((*tn, *spec.obs_shape), np.float32),
+        "next_observation": ((*tn, *spec.obs_shape), np.float32),
+        "action": ((*tn, *spec.action_shape), np.int64 if spec.discrete else np.float32),
+        "log_prob": (tn, np.float32),
+        "reward": (tn, np.float32),
+        "terminated": (tn, np.bool_),
+        "truncated": (tn, np.bool_),
+        "episode_return": (tn, np.float32),
+        "episode_length": (tn, np.int64),
+        "policy_version": (tn, np.int64),
+    }
+
+
+def allocate_frames(spec: EnvSpec, steps: int, num_envs: int, shared: bool = False) -> dict[str, torch.Tensor]:
+    """Tensors for one batch (in shared memory if ``shared``: worker processes write into them)."""
+    out = {}
+    for key, (shape, dtype) in frame_layout(spec, steps, num_envs).items():
+        t = torch.from_numpy(np.zeros(shape, dtype=dtype))
+        out[key] = t.share_memory_() if shared else t
+    return out
+
+
+class Rollout:
+    """Steps ``env`` with ``policy``; episode returns and the env state carry over between batches.
+
+    ``poll_each_step``: look for new weights before every step (async workers) instead of only
+    before each batch (lock-step collectors). Every frame records the version that acted.
+    """
+
+    def __init__(self, env: BatchedEnv, policy: nn.Module, receiver: WeightReceiver, poll_each_step: bool = False):
+        self.env, self.policy, self.receiver = env, policy, receiver
+        self.poll_each_step = poll_each_step
+        self._obs = env.reset().copy()
+        self._ep_return = np.zeros(env.num_envs, dtype=np.float32)
+        self._ep_length = np.zeros(env.num_envs, dtype=np.int64)
+
+    def collect(self, out: dict[str, np.ndarray]) -> None:
+        """Fill ``out`` (arrays shaped as ``frame_layout``) with ``len(out["reward"])`` steps."""
+        env, policy, receiver = self.env, self.policy, self.receiver
+        obs, ep_return, ep_length = self._obs, self._ep_return, self._ep_length
+        o_obs, o_next, o_act, o_logp = out["observation"], out["next_observation"], out["action"], out["log_prob"]
+        o_rew, o_term, o_trunc = out["reward"], out["terminated"], out["truncated"]
+        o_ret, o_len, o_ver = out["episode_return"], out["episode_length"], out["policy_version"]
+        receiver.poll()  # new weights, if any, only at this boundary (or between steps, below)
+        with torch.inference_mode():
+            for t in range(o_rew.shape[0]):
+                if self.poll_each_step and t:
+                    receiver.poll()
+                o_ver[t] = receiver.version
+                o_obs[t] = obs
+                action, log_prob = policy.act(torch.from_numpy(o_obs[t]))
+                o_act[t] = action.numpy()
+                o_logp[t] = log_prob.numpy()
+                next_obs, reward, terminated, truncated, obs = env.step(o_act[t])
+                o_next[t], o_rew[t] = next_obs, reward
+                o_term[t], o_trunc[t] = terminated, truncated
+                ep_return += reward
+                ep_length += 1
+                o_ret[t], o_len[t] = ep_return, ep_length
+                done = terminated | truncated
+                ep_return[done] = 0.0
+                ep_length[done] = 0
+        self._obs = obs.copy()  # the env reuses its array

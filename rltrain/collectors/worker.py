@@ -1,0 +1,92 @@
+"""The body of one collector worker process: build env and policy, connect weights, collect on demand.
+
+Messages on the worker's pipe, learner -> worker: ``("collect",)`` (sync mode), ``("free", slot)``
+(async mode: the learner has copied that buffer out), ``("close",)``. Worker -> learner:
+``("ready",)``, ``("batch", slot)``, ``("error", traceback_text)``. Frames travel through the
+shared-memory buffers, never through the pipe.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import sys
+import traceback
+from collections.abc import Callable
+
+import torch
+
+from rltrain.collectors.rollout import Rollout
+
+_PARENT_CHECK_S = 1.0
+
+
+class _Closed(Exception):
+    """The learner asked the worker to stop, or is gone."""
+
+
+def worker_main(
+    index: int,
+    conn,
+    make_env: Callable,
+    make_policy: Callable,
+    receiver,
+    buffers: list[dict[str, torch.Tensor]],
+    mode: str,
+) -> None:
+    # Ctrl-C reaches the whole process group; the learner decides how its workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
+    env = None
+    try:
+        env = make_env()
+        policy = make_policy()
+        receiver.connect(policy)
+        rollout = Rollout(env, policy, receiver, poll_each_step=mode == "async")
+        arrays = [{k: t.numpy() for k, t in slot.items()} for slot in buffers]
+        conn.send(("ready",))
+        if mode == "sync":
+            while True:
+                _recv(conn, receiver)  # ("collect",)
+                rollout.collect(arrays[0])
+                conn.send(("batch", 0))
+        else:
+            free = list(range(len(arrays)))
+            while True:
+                while conn.poll():
+                    free.append(_handle(conn.recv()))
+                if not free:
+                    free.append(_recv(conn, receiver)[1])
+                slot = free.pop(0)
+                rollout.collect(arrays[slot])
+                conn.send(("batch", slot))
+    except _Closed:
+        pass
+    except BaseException:  # noqa: BLE001  (everything goes back to the learner)
+        try:
+            conn.send(("error", f"collector worker {index}:\n{traceback.format_exc()}"))
+        except OSError:
+            pass
+        sys.exit(1)
+    finally:
+        receiver.close()
+        if env is not None:
+            env.close()
+
+
+def _recv(conn, receiver) -> tuple:
+    """Wait for the learner's next message, applying new weights meanwhile; exit if the learner died."""
+    parent = mp.parent_process()
+    while not conn.poll(_PARENT_CHECK_S):
+        if parent is not None and not parent.is_alive():
+            raise _Closed
+        receiver.poll()
+    msg = conn.recv()
+    _handle(msg)
+    return msg
+
+
+def _handle(msg: tuple):
+    if msg[0] == "close":
+        raise _Closed
+    return msg[1] if msg[0] == "free" else None
