@@ -45,3 +45,35 @@ class RecordActionEnv(gym.Env):
 
 
 gym.register("RecordAction-v0", entry_point=RecordActionEnv, max_episode_steps=1000)
+
+
+class FaultyEnv(gym.Env):
+    """CartPole-shaped env that misbehaves at its ``at_step``-th step: raise, os._exit, or hang."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, fault: str = "raise", at_step: int = 5):
+        self.fault, self.at_step, self.steps = fault, at_step, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(4, dtype=np.float32), {}
+
+    def step(self, action):
+        self.steps += 1
+        if self.steps == self.at_step:
+            if self.fault == "raise":
+                raise RuntimeError(f"env exploded at step {self.steps}")
+            if self.fault == "exit":
+                import os
+
+                os._exit(3)
+            if self.fault == "hang":
+                import time
+
+                time.sleep(3600)
+        return np.zeros(4, dtype=np.float32), 1.0, False, False, {}
+
+
+gym.register("Faulty-v0", entry_point=FaultyEnv, max_episode_steps=1000)

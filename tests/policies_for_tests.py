@@ -1,0 +1,28 @@
+"""Policies whose actions reveal which weights they acted with."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class MarkerPolicy(nn.Module):
+    """Always takes action 0 and reports ``w + b`` as its log-prob: a parameter ``w`` and a buffer ``b``.
+
+    Set ``w = v, b = 10 v`` before pushing version v: every frame's log-prob must then be ``11 v``
+    for its ``policy_version``; a mix of two versions shows up as any other number.
+    """
+
+    def __init__(self, env_spec=None, size: int = 1):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(size))
+        self.register_buffer("b", torch.zeros(size))
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False):
+        n = obs.shape[0]
+        return torch.zeros(n, dtype=torch.int64), (self.w[0] + self.b[0]).expand(n).clone()
+
+    def mark(self, version: float) -> None:
+        with torch.no_grad():
+            self.w.fill_(version)
+            self.b.fill_(10 * version)
