@@ -179,6 +179,9 @@ def _check_cross(cfg: DictConfig) -> None:
             f"collector.frames_per_batch ({batch}) must be a multiple of {what} ({num_envs}); "
             f"e.g. collector.frames_per_batch={max(1, batch // num_envs) * num_envs}"
         )
+    if "envs_per_worker" not in cfg.collector and str(cfg.sync.get("_target_", "")).endswith("PipeSync"):
+        raise ConfigError("sync=pipe sends weights to worker processes, but collector=local runs in the learner's "
+                          "process; use sync=shared_mem with collector=local, or collector=sync|async with sync=pipe")
     minibatch = cfg.algo.get("minibatch_size")
     if minibatch is not None and batch is not None and minibatch > batch:
         raise ConfigError(

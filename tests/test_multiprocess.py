@@ -16,10 +16,10 @@ import torch
 from rltrain.collectors import MultiprocessCollector
 from rltrain.envs import BatchedEnv
 from rltrain.errors import CollectorError
-from rltrain.sync import NoSync, SharedMemSync
+from rltrain.sync import NoSync, PipeSync, SharedMemSync
 from tests.policies_for_tests import MarkerPolicy
 
-SCHEMES = {"shared_mem": SharedMemSync}
+SCHEMES = {"shared_mem": SharedMemSync, "pipe": PipeSync}
 
 
 def shm_entries() -> set[str]:
@@ -182,8 +182,11 @@ from tests.conftest import ROOT, make_config  # noqa: E402
 COLLECTORS = ["local", "sync", "async"]
 
 
-@pytest.mark.parametrize("collector", COLLECTORS)
-@pytest.mark.parametrize("sync", list(SCHEMES) + ["none"])
+# local + pipe is rejected by build (test_local_collector_with_pipe_sync_is_rejected_with_the_reason).
+COMBINATIONS = [(c, s) for c in COLLECTORS for s in [*SCHEMES, "none"] if (c, s) != ("local", "pipe")]
+
+
+@pytest.mark.parametrize(("collector", "sync"), COMBINATIONS)
 def test_every_collector_and_sync_combination_trains(collector, sync, tmp_path, no_leftovers):
     cfg = make_config(f"collector={collector}", f"sync={sync}", "trainer.total_frames=1024",
                       "trainer.stop_at_return=null", "hooks.eval.episodes=2")
@@ -240,3 +243,17 @@ def test_ctrl_c_stops_workers_and_leaves_nothing_behind(collector, tmp_path):
         time.sleep(0.1)
     assert session_processes(proc.pid) == []
     assert shm_entries() - shm_before == set()
+
+
+def test_pipe_sync_delivers_a_network_larger_than_the_pipe_buffer(tmp_path, no_leftovers):
+    cfg = make_config("collector=sync", "sync=pipe", "algo.network.hidden_sizes=[1024,1024]",
+                      "trainer.total_frames=1024", "trainer.stop_at_return=null", "hooks.eval.episodes=1")
+    summary = build(cfg, run_dir=tmp_path).fit()
+    assert summary["status"] == "completed" and summary["sync"]["pushes"] == 4
+
+
+def test_local_collector_with_pipe_sync_is_rejected_with_the_reason(tmp_path):
+    from rltrain.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="sync=pipe sends weights to worker processes"):
+        build(make_config("collector=local", "sync=pipe"), run_dir=tmp_path)

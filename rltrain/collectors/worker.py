@@ -13,6 +13,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from multiprocessing.connection import wait
 
 import torch
 
@@ -77,7 +78,8 @@ def worker_main(
 def _recv(conn, receiver) -> tuple:
     """Wait for the learner's next message, applying new weights meanwhile; exit if the learner died."""
     parent = mp.parent_process()
-    while not conn.poll(_PARENT_CHECK_S):
+    handles = [conn] + ([receiver.waitable] if getattr(receiver, "waitable", None) is not None else [])
+    while conn not in wait(handles, timeout=_PARENT_CHECK_S):
         if parent is not None and not parent.is_alive():
             raise _Closed
         receiver.poll()

@@ -2,6 +2,7 @@
 
 from rltrain.sync.base import WeightReceiver, WeightSender, WeightSyncScheme
 from rltrain.sync.none import NoSync
+from rltrain.sync.pipe import PipeSync
 from rltrain.sync.shared_mem import SharedMemSync
 
-__all__ = ["NoSync", "SharedMemSync", "WeightReceiver", "WeightSender", "WeightSyncScheme"]
+__all__ = ["NoSync", "PipeSync", "SharedMemSync", "WeightReceiver", "WeightSender", "WeightSyncScheme"]
