@@ -42,3 +42,28 @@ def test_the_pendulum_recipe_learns_continuous_control(tmp_path):
 def test_ppo_learns_acrobot(tmp_path):
     summary = train(tmp_path, "env=acrobot", "trainer.total_frames=100000")
     assert summary["train_return"] >= -150  # random: -500 (never swings up within the time limit)
+
+
+def test_ppo_solves_cartpole_with_worker_processes_and_shared_memory_sync(tmp_path):
+    summary = train(tmp_path, "collector=sync", "sync=shared_mem")
+    assert summary["solved"] is True and summary["train_return"] >= 475
+    assert summary["sync"]["max_lag"] == 0  # lock-step: every batch acts with the newest weights
+
+
+def test_ppo_solves_cartpole_with_worker_processes_and_pipe_sync(tmp_path):
+    summary = train(tmp_path, "collector=sync", "sync=pipe")
+    assert summary["solved"] is True and summary["train_return"] >= 475
+
+
+def test_ppo_solves_cartpole_with_async_workers_and_bounded_lag(tmp_path):
+    summary = train(tmp_path, "collector=async", "sync=shared_mem", "collector.max_lag=2")
+    assert summary["solved"] is True and summary["train_return"] >= 475
+    assert summary["sync"]["max_lag"] <= 2
+    assert summary["sync"]["mean_lag"] > 0  # workers really ran ahead of the learner
+
+
+def test_without_pushes_worker_processes_never_improve(tmp_path):
+    summary = train(tmp_path, "collector=sync", "sync=none", "trainer.total_frames=30000")
+    assert summary["sync"]["pushes"] == 0 and summary["solved"] is False
+    assert summary["train_return"] < 60
+    assert summary["eval_return"] > 100

@@ -9,7 +9,9 @@ worker processes, so they hold only tensors, locks and pipes (no tensordict, no 
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -17,6 +19,7 @@ from torch import nn
 from rltrain.errors import SyncError
 
 _ALIGN = 64  # bytes; every tensor in a flat snapshot starts on a cache line
+_PARALLEL_COPY_BYTES = 4 << 20
 
 
 class WeightSender(ABC):
@@ -111,9 +114,11 @@ class FlatWeights:
     def copy_from(self, weights: dict[str, torch.Tensor]) -> None:
         names = list(self.views)
         sources = [weights[n] for n in names]
-        torch._foreach_copy_([self.views[n] for n in names], sources, non_blocking=True)
+        with _all_cores(self.buffer.numel()):
+            torch._foreach_copy_([self.views[n] for n in names], sources, non_blocking=True)
         if any(s.is_cuda for s in sources):
             torch.cuda.synchronize()
+
 
     def copy_into(self, weights: dict[str, torch.Tensor]) -> None:
         names = list(self.views)
@@ -131,6 +136,21 @@ class FlatWeights:
                 problems.append(f"{name}: learner {es} {ed}, collector {as_} {ad}")
         if problems:
             raise SyncError("weight snapshot does not match the collector's policy: " + "; ".join(sorted(problems)))
+
+
+@contextmanager
+def _all_cores(nbytes: int):
+    """Copies of large snapshots use every core (the trainer runs torch single-threaded): a push
+    happens while the learner waits, and copy bandwidth scales with cores."""
+    threads = torch.get_num_threads()
+    if nbytes < _PARALLEL_COPY_BYTES or threads >= (os.cpu_count() or 1):
+        yield
+        return
+    torch.set_num_threads(os.cpu_count())
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def bind_weights(policy: nn.Module, tensors: dict[str, torch.Tensor]) -> None:

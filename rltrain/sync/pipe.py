@@ -1,17 +1,18 @@
-"""``sync=pipe``: each push sends the whole snapshot down one multiprocessing pipe per receiver.
+"""``sync=pipe``: each push writes the whole snapshot down one pipe per receiver.
 
-The learner flattens its weights into one buffer (one copy) and writes it to every receiver's
-pipe in parallel threads; a push returns once every receiver has taken it (so a lock-step batch
-commanded after it acts with it), which is why receivers must live in other processes: workers
-read their pipe while they wait for commands, and between steps. A receiver reads every pending
-snapshot, keeps the newest and copies it into its policy. Simple and portable; costs grow with the number of
-receivers, unlike ``shared_mem``.
+A message is the version (8 bytes) followed by every weight's raw bytes in a fixed order; the
+receiver reads it straight into its policy's tensors (readv-style, no intermediate copies). The
+learner writes to every receiver's pipe in parallel threads and returns once every receiver has
+taken the snapshot, so a lock-step batch commanded after a push acts with it. That is also why
+receivers must live in other processes: workers read their pipe while they wait for commands
+and between steps. Simple and portable; unlike ``shared_mem`` its cost grows with receivers.
 """
 
 from __future__ import annotations
 
 import fcntl
 import multiprocessing as mp
+import os
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 
@@ -24,19 +25,31 @@ from rltrain.sync.base import FlatWeights, WeightReceiver, WeightSender, WeightS
 _PIPE_BYTES = 1 << 20  # a bigger kernel pipe buffer: fewer context switches per megabyte sent
 
 
+def _raw_bytes(tensors: list[torch.Tensor]) -> list[memoryview]:
+    return [memoryview(t.reshape(-1).numpy()).cast("B") for t in tensors]
+
+
 class _PipeSender(WeightSender):
-    def __init__(self, policy: nn.Module, flat: FlatWeights, writers: list, timeout_s: float):
-        self._weights, self._flat, self._writers, self._timeout_s = named_weights(policy), flat, writers, timeout_s
+    def __init__(self, policy: nn.Module, layout: dict, writers: list, timeout_s: float):
+        weights = named_weights(policy)
+        self._sources = [weights[name] for name in layout]
+        # A GPU learner's weights are staged in host memory first; CPU weights are sent in place
+        # (safe: push returns only after every receiver has read them).
+        self._stage = FlatWeights(layout, shared=False) if any(t.is_cuda for t in self._sources) else None
+        self._writers, self._timeout_s = writers, timeout_s
         self._pool: ThreadPoolExecutor | None = None
 
     def push(self) -> int:
         version = self.version + 1
-        self._flat.copy_from(self._weights)
-        header = version.to_bytes(8, "little", signed=True)
-        body = self._flat.buffer.numpy()
+        if self._stage is not None:
+            self._stage.copy_from(dict(zip(self._stage.layout, self._sources)))
+            chunks = _raw_bytes(list(self._stage.views.values()))
+        else:
+            chunks = _raw_bytes(self._sources)
+        message = [memoryview(version.to_bytes(8, "little", signed=True)), *chunks]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._writers)), thread_name_prefix="rltrain-push")
-        futures = [self._pool.submit(_send, w, header, body) for w in self._writers]
+        futures = [self._pool.submit(_write_all, w.fileno(), message) for w in self._writers]
         done, pending = wait_futures(futures, timeout=self._timeout_s)
         if pending:
             raise SyncError(f"pipe: a collector did not take weights version {version} within "
@@ -53,16 +66,26 @@ class _PipeSender(WeightSender):
             writer.close()
 
 
-def _send(writer, header: bytes, body) -> None:
-    writer.send_bytes(header)
-    writer.send_bytes(body)
+def _write_all(fd: int, chunks: list[memoryview]) -> None:
+    for chunk in chunks:
+        while chunk:
+            chunk = chunk[os.write(fd, chunk):]
+
+
+def _read_exact(fd: int, chunks: list[memoryview]) -> None:
+    for chunk in chunks:
+        while chunk:
+            n = os.readv(fd, [chunk])
+            if n == 0:
+                raise SyncError("pipe: the learner closed the weight pipe mid-snapshot")
+            chunk = chunk[n:]
 
 
 class _PipeReceiver(WeightReceiver):
     def __init__(self, reader, initial: FlatWeights):
-        self._reader, self._flat = reader, initial
+        self._reader, self._initial = reader, initial
         self._header = bytearray(8)
-        self._weights: dict[str, torch.Tensor] | None = None
+        self._targets: list[memoryview] | None = None
 
     @property
     def waitable(self):
@@ -70,19 +93,18 @@ class _PipeReceiver(WeightReceiver):
         return self._reader
 
     def connect(self, policy: nn.Module) -> None:
-        self._flat.check_matches(policy)
-        self._weights = named_weights(policy)
-        self._flat.copy_into(self._weights)
+        self._initial.check_matches(policy)
+        weights = named_weights(policy)
+        self._initial.copy_into(weights)
+        self._targets = [memoryview(self._header), *_raw_bytes([weights[name] for name in self._initial.layout])]
         self.poll()
 
     def poll(self) -> bool:
         if not self._reader.poll():
             return False
-        body = self._flat.buffer.numpy()
-        while self._reader.poll():  # drain: only the newest snapshot matters
-            self._reader.recv_bytes_into(self._header)
-            self._reader.recv_bytes_into(body)
-        self._flat.copy_into(self._weights)
+        with torch.no_grad():
+            while self._reader.poll():  # drain: the newest snapshot wins
+                _read_exact(self._reader.fileno(), self._targets)
         self.version = int.from_bytes(self._header, "little", signed=True)
         return True
 
@@ -95,16 +117,16 @@ class PipeSync(WeightSyncScheme):
 
     def __init__(self, timeout_s: float = 30.0):
         self.timeout_s = timeout_s
-        self._flat: FlatWeights | None = None
+        self._initial: FlatWeights | None = None
         self._writers: list = []
 
     def sender(self, policy: nn.Module) -> WeightSender:
-        self._flat = FlatWeights.like(policy, shared=False)
-        self._flat.copy_from(named_weights(policy))  # version 0 travels inside each receiver
-        return _PipeSender(policy, self._flat, self._writers, self.timeout_s)
+        self._initial = FlatWeights.like(policy, shared=False)
+        self._initial.copy_from(named_weights(policy))  # version 0 travels inside each receiver
+        return _PipeSender(policy, self._initial.layout, self._writers, self.timeout_s)
 
     def receiver(self) -> WeightReceiver:
-        if self._flat is None:
+        if self._initial is None:
             raise SyncError("PipeSync.receiver() called before sender(): the learner's policy defines the layout")
         reader, writer = mp.get_context("spawn").Pipe(duplex=False)
         try:
@@ -112,6 +134,4 @@ class PipeSync(WeightSyncScheme):
         except OSError:
             pass  # above the system's pipe-max-size: keep the default
         self._writers.append(writer)
-        initial = FlatWeights(self._flat.layout, shared=False)
-        initial.buffer.copy_(self._flat.buffer)
-        return _PipeReceiver(reader, initial)
+        return _PipeReceiver(reader, self._initial)
