@@ -13,7 +13,6 @@ import gymnasium as gym
 import torch
 
 from rltrain.algos import ActorCritic
-from rltrain.collectors import LocalCollector
 from rltrain.envs import BatchedEnv
 from rltrain.sync import SharedMemSync
 
@@ -34,6 +33,8 @@ def raw_gymnasium_fps(seconds: float) -> float:
 
 
 def collector_fps(num_envs: int, frames_per_batch: int, seconds: float) -> float:
+    from rltrain.collectors import LocalCollector  # here, not at the top: see collector_scaling.py
+
     env = BatchedEnv("CartPole-v1", num_envs=num_envs, seed=0)
     policy = ActorCritic(env.spec, hidden_sizes=[64, 64])
     scheme = SharedMemSync()

@@ -39,9 +39,9 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
     device = _resolve_device(cfg.device)
 
     # Plain functools.partial factories of plain values: they pickle into spawned worker processes.
-    make_env = instantiate(cfg.env, _partial_=True, _convert_="all", seed=cfg.seed)
+    make_env = _plain_partial(cfg.env, seed=cfg.seed)
     env_spec = _probe_spec(make_env)
-    make_policy = functools.partial(instantiate(cfg.algo.network, _partial_=True, _convert_="all"), env_spec=env_spec)
+    make_policy = _plain_partial(cfg.algo.network, env_spec=env_spec)
 
     # Until the Trainer owns them, whatever was started is closed again if a later step fails.
     with ExitStack() as cleanup:
@@ -77,6 +77,13 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
     log.info("run dir %s | %s on %s | %s collector | device %s", run_dir, type(algo).__name__, env_spec.id,
              type(collector).__name__, device)
     return trainer
+
+
+def _plain_partial(node: DictConfig, **kwargs) -> functools.partial:
+    """``node``'s target with its config values bound, as a plain functools.partial (Hydra's own
+    partial type would make every worker process import Hydra to unpickle it)."""
+    deferred = instantiate(node, _partial_=True, _convert_="all")
+    return functools.partial(deferred.func, *deferred.args, **{**deferred.keywords, **kwargs})
 
 
 def _probe_spec(make_env) -> EnvSpec:

@@ -62,14 +62,15 @@ class MultiprocessCollector:
         self._buffers = [[allocate_frames(env_spec, steps, envs_per_worker, shared=True) for _ in range(n_buffers)]
                          for _ in range(workers)]
         ctx = mp.get_context(start_method)
-        self._conns, self._procs = [], []
+        self._conns, self._procs, self._receivers = [], [], []
         try:
             for i in range(workers):
                 parent_conn, child_conn = ctx.Pipe()
                 worker_env = functools.partial(make_env, num_envs=envs_per_worker, seed=seed + i * envs_per_worker)
+                self._receivers.append(make_receiver())
                 proc = ctx.Process(
                     target=worker_main, name=f"rltrain-collector-{i}", daemon=True,
-                    args=(i, child_conn, worker_env, make_policy, make_receiver(), self._buffers[i], mode),
+                    args=(i, child_conn, worker_env, make_policy, self._receivers[-1], self._buffers[i], mode),
                 )
                 proc.start()
                 child_conn.close()
@@ -77,7 +78,7 @@ class MultiprocessCollector:
                 self._procs.append(proc)
             pending = set(range(workers))
             while pending:
-                for i, _msg in self._wait(pending, "start"):
+                for i, _msg in self._wait(pending, "ready signal"):
                     pending.discard(i)
         except BaseException:
             self.close()
@@ -93,7 +94,7 @@ class MultiprocessCollector:
                 conn.send(("collect",))
             pending = set(everyone)
             while pending:
-                for i, _msg in self._wait(pending, "a batch"):
+                for i, _msg in self._wait(pending, "batch"):
                     pending.discard(i)
             keys = self._buffers[0][0].keys()
             # Concatenating along the env dim copies the frames out of the shared buffers.
@@ -102,7 +103,7 @@ class MultiprocessCollector:
     def _async_batches(self) -> Iterator[TensorDict]:
         everyone = set(range(self.workers))
         while True:
-            for i, msg in self._wait(everyone, "a batch"):
+            for i, msg in self._wait(everyone, "batch"):
                 slot = msg[1]
                 frames = {k: v.clone() for k, v in self._buffers[i][slot].items()}
                 self._conns[i].send(("free", slot))
@@ -155,4 +156,6 @@ class MultiprocessCollector:
                 proc.join(timeout=5.0)
         for conn in self._conns:
             conn.close()
-        self._conns, self._procs = [], []
+        for receiver in self._receivers:  # the learner's copies (a pipe's read end, say)
+            receiver.close()
+        self._conns, self._procs, self._receivers = [], [], []
