@@ -37,7 +37,7 @@ BAD_INPUT = [
     (["env.id=NoSuchEnv-v0"], "env.id='NoSuchEnv-v0' is not a registered gymnasium environment"),
     (["env.id=no_such_module:Foo-v0"], "could not import module 'no_such_module'"),
     (["+algo.lrr=0.1"], "algo.lrr is not a parameter of rltrain.algos.PPO"),
-    (["collector.frames_per_batch=100"], "must be a multiple of env.num_envs (8)"),
+    (["collector.frames_per_batch=100"], "must be a multiple of env.num_envs (16)"),
     (["env.num_envs=0"], "env.num_envs must be an integer >= 1 (got 0)"),
     (["algo.gamma=1.5"], "algo.gamma must be a number in (0, 1] (got 1.5)"),
     (["trainer.total_frames=0"], "trainer.total_frames must be an integer >= 1"),

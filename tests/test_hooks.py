@@ -57,7 +57,7 @@ def test_seconds_schedule(monkeypatch):
 
 
 def test_a_user_hook_joins_from_the_command_line(tmp_path):
-    result = run_cli(RECORDING, "+hooks.rec.every={batches:2}", "trainer.total_frames=1024",
+    result = run_cli(RECORDING, "+hooks.rec.every={batches:2}", "trainer.total_frames=1024", "collector.frames_per_batch=256",
                      "trainer.stop_at_return=null", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     calls = json.loads((tmp_path / "run" / "recording.json").read_text())
@@ -66,7 +66,8 @@ def test_a_user_hook_joins_from_the_command_line(tmp_path):
 
 
 def test_weight_push_follows_sync_every(tmp_path):
-    cfg = make_config("sync.every=3", "trainer.total_frames=2560", "trainer.stop_at_return=null")
+    cfg = make_config("sync.every=3", "trainer.total_frames=2560", "trainer.stop_at_return=null",
+                      "collector.frames_per_batch=256")
     summary = build(cfg, run_dir=tmp_path).fit()
     assert summary["updates"] == 10
     assert summary["sync"]["pushes"] == 3 and summary["sync"]["version"] == 3

@@ -247,7 +247,7 @@ def test_ctrl_c_stops_workers_and_leaves_nothing_behind(collector, tmp_path):
 
 def test_pipe_sync_delivers_a_network_larger_than_the_pipe_buffer(tmp_path, no_leftovers):
     cfg = make_config("collector=sync", "sync=pipe", "algo.network.hidden_sizes=[1024,1024]",
-                      "trainer.total_frames=1024", "trainer.stop_at_return=null", "hooks.eval.episodes=1")
+                      "trainer.total_frames=1024", "collector.frames_per_batch=256", "trainer.stop_at_return=null", "hooks.eval.episodes=1")
     summary = build(cfg, run_dir=tmp_path).fit()
     assert summary["status"] == "completed" and summary["sync"]["pushes"] == 4
 

@@ -24,7 +24,7 @@ def read_jsonl(path):
 
 
 def test_summary_and_metrics_hold_the_contract_keys(tmp_path):
-    cfg = make_config("trainer.total_frames=4096", "hooks.log.every.seconds=0.001")
+    cfg = make_config("trainer.total_frames=4096", "collector.frames_per_batch=256", "hooks.log.every.seconds=0.001")
     summary = build(cfg, run_dir=tmp_path).fit()
     on_disk = json.loads((tmp_path / "summary.json").read_text())
     assert on_disk == json.loads(json.dumps(summary))
@@ -62,7 +62,8 @@ def test_summary_says_failed_when_a_hook_raises(tmp_path):
 
 def test_summary_says_interrupted_on_keyboard_interrupt(tmp_path):
     cfg = make_config("+hooks.bad._target_=tests.hooks_for_tests.FailingHook", "+hooks.bad.at_update=3",
-                      "+hooks.bad.error=KeyboardInterrupt", "trainer.total_frames=4096")
+                      "+hooks.bad.error=KeyboardInterrupt", "trainer.total_frames=4096",
+                      "collector.frames_per_batch=256")
     with pytest.raises(KeyboardInterrupt):
         build(cfg, run_dir=tmp_path).fit()
     summary = json.loads((tmp_path / "summary.json").read_text())
