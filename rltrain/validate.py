@@ -76,6 +76,15 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("algo.max_grad_norm", _positive, "a number > 0", ""),
     ("algo.target_kl", lambda v: v is None or _positive(v), "a number > 0 or null", ""),
     ("algo.adam_eps", _positive, "a number > 0", ""),
+    ("algo.critic_lr", _positive, "a number > 0", ""),
+    ("algo.tau", lambda v: _unit(v) and v > 0, "a number in (0, 1]", ""),
+    ("algo.batch_size", _positive_int, "an integer >= 1", ""),
+    ("algo.utd", _positive, "a number > 0", ""),
+    ("algo.warmup_frames", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", ""),
+    ("algo.buffer_size", _positive_int, "an integer >= 1", ""),
+    ("algo.alpha", _positive, "a number > 0", ""),
+    ("algo.critic_hidden_sizes", lambda v: len(v) > 0 and all(_positive_int(h) for h in v),
+     "a non-empty list of integers >= 1", ""),
     ("algo.network.hidden_sizes", lambda v: len(v) > 0 and all(_positive_int(h) for h in v),
      "a non-empty list of integers >= 1", ""),
     ("algo.network.activation", lambda v: v in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}", ""),
@@ -202,6 +211,14 @@ def _check_env(cfg: DictConfig) -> None:
     except TypeError as e:
         raise ConfigError(f"env.kwargs={kwargs} rejected by {env_id}: {e}") from None
     try:
-        spec_from_env(env_id, env)
+        spec = spec_from_env(env_id, env)
     finally:
         env.close()
+    algo_cls = _import_target("algo", cfg.algo._target_)
+    supported = getattr(algo_cls, "ACTION_SPACES", ("discrete", "box"))
+    kind = "discrete" if spec.discrete else "box"
+    if kind not in supported:
+        raise ConfigError(
+            f"algo={algo_cls.__name__} supports {' and '.join(supported)} action spaces, but env.id={env_id!r} has "
+            f"{'a Discrete' if spec.discrete else 'a Box'} one; use algo=ppo for discrete actions"
+        )

@@ -20,8 +20,8 @@ def all_choices():
 
 @pytest.mark.parametrize(("group", "choice"), all_choices())
 def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
-    # sync=pipe needs worker processes (build rejects it with collector=local).
-    extra = ["collector=sync"] if (group, choice) == ("sync", "pipe") else []
+    # sync=pipe needs worker processes, SAC continuous actions (build rejects the defaults' pairing).
+    extra = {("sync", "pipe"): ["collector=sync"], ("algo", "sac"): ["env=pendulum"]}.get((group, choice), [])
     cfg = make_config(f"{group}={choice}", "trainer.total_frames=512", *extra)
     trainer = build(cfg, run_dir=tmp_path)
     summary = trainer.fit()
@@ -93,7 +93,7 @@ def test_full_error_env_var_shows_the_traceback(tmp_path):
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ["algo: ppo", "collector: async, local, sync", "sync: none, pipe, shared_mem", "logger: console, csv, wandb"]:
+    for line in ["algo: ppo, sac", "collector: async, local, sync", "sync: none, pipe, shared_mem", "logger: console, csv, wandb"]:
         assert line in result.stdout
     assert "env: " in result.stdout and "cartpole" in result.stdout
 

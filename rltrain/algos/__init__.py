@@ -1,6 +1,7 @@
 """Learning algorithms: each owns its optimizer(s) and turns collector batches into updates."""
 
-from rltrain.algos.networks import ActorCritic
+from rltrain.algos.networks import ActorCritic, SquashedGaussianActor, TwinQ
 from rltrain.algos.ppo import PPO
+from rltrain.algos.sac import SAC
 
-__all__ = ["PPO", "ActorCritic"]
+__all__ = ["PPO", "SAC", "ActorCritic", "SquashedGaussianActor", "TwinQ"]

@@ -96,3 +96,90 @@ class ActorCritic(nn.Module):
     def _gaussian_log_prob(self, mean: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         z = (action - mean) * torch.exp(-self.log_std)
         return (-0.5 * z.square() - self.log_std - _LOG_SQRT_2PI).sum(-1)
+
+
+class SquashedGaussianActor(nn.Module):
+    """SAC's policy: a Gaussian squashed by tanh and scaled to the env's action box.
+
+    ``act`` is what collectors call (no gradients); ``sample`` is the reparameterized draw the
+    learner differentiates through. While the ``uniform`` buffer is set (SAC's warm-up), ``act``
+    draws uniformly from the box: the flag is a buffer, so it reaches collectors with the weights.
+    """
+
+    LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+    def __init__(self, env_spec: EnvSpec, hidden_sizes: list[int] = (256, 256), activation: str = "relu",
+                 normalize_obs: bool = False):
+        super().__init__()
+        if env_spec.discrete:
+            raise ValueError("SquashedGaussianActor needs a Box action space")
+        act_dim = math.prod(env_spec.action_shape)
+        self.action_shape = env_spec.action_shape
+        self.obs_norm = ObsNormalizer(env_spec.obs_shape, enabled=normalize_obs)
+        self.trunk = mlp(math.prod(env_spec.obs_shape), list(hidden_sizes)[:-1], list(hidden_sizes)[-1], activation)
+        self.trunk.append(ACTIVATIONS[activation]())
+        self.head = nn.Linear(list(hidden_sizes)[-1], 2 * act_dim)
+        low, high = torch.as_tensor(env_spec.action_low), torch.as_tensor(env_spec.action_high)
+        self.register_buffer("action_scale", ((high - low) / 2).flatten())
+        self.register_buffer("action_bias", ((high + low) / 2).flatten())
+        self.register_buffer("uniform", torch.tensor(True))
+
+    def _mean_log_std(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.obs_norm(obs).flatten(-len(self.obs_norm.mean.shape))
+        mean, log_std = self.head(self.trunk(features)).chunk(2, -1)
+        log_std = self.LOG_STD_MIN + 0.5 * (self.LOG_STD_MAX - self.LOG_STD_MIN) * (torch.tanh(log_std) + 1)
+        return mean, log_std
+
+    def sample(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterized action (env scale) and its log-probability, tanh change of variables included."""
+        mean, log_std = self._mean_log_std(obs)
+        u = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
+        squashed = torch.tanh(u)
+        z = (u - mean) * torch.exp(-log_std)
+        log_prob = (-0.5 * z.square() - log_std - _LOG_SQRT_2PI).sum(-1)
+        # d tanh(u)/du = 1 - tanh(u)^2, written stably: 2 (log 2 - u - softplus(-2u)).
+        log_prob = log_prob - (2 * (math.log(2) - u - nn.functional.softplus(-2 * u))).sum(-1)
+        log_prob = log_prob - torch.log(self.action_scale).sum()
+        action = squashed * self.action_scale + self.action_bias
+        return action.reshape(*action.shape[:-1], *self.action_shape), log_prob
+
+    def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.uniform and not deterministic:
+            u = torch.rand(*obs.shape[: obs.dim() - len(self.obs_norm.mean.shape)], self.action_scale.numel())
+            action = (2 * u - 1) * self.action_scale + self.action_bias
+            log_prob = torch.full(action.shape[:-1], -float(torch.log(2 * self.action_scale).sum()))
+            return action.reshape(*action.shape[:-1], *self.action_shape), log_prob
+        return self.sample(obs, deterministic)
+
+
+class TwinQ(nn.Module):
+    """``n`` Q-networks over (observation, action) evaluated in one batched matmul per layer.
+
+    Parameters are stacked along a leading critic dim, so the twin critics cost one forward and one
+    backward instead of two; ``forward`` returns ``[n, batch]``.
+    """
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden_sizes: list[int] = (256, 256), n: int = 2,
+                 activation: str = "relu"):
+        super().__init__()
+        sizes = [obs_dim + act_dim, *hidden_sizes, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for a, b in zip(sizes[:-1], sizes[1:]):
+            w = torch.empty(n, a, b)
+            for i in range(n):  # the same init as an nn.Linear(a, b), per critic
+                layer = nn.Linear(a, b)
+                w[i] = layer.weight.detach().T
+            self.weights.append(nn.Parameter(w))
+            self.biases.append(nn.Parameter(torch.zeros(n, 1, b).uniform_(-1 / math.sqrt(a), 1 / math.sqrt(a))))
+        self.activation = ACTIVATIONS[activation]()
+        self.n = n
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([obs, action], -1).unsqueeze(0).expand(self.n, -1, -1)
+        last = len(self.weights) - 1
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(b, x, w)
+            if i < last:
+                x = self.activation(x)
+        return x.squeeze(-1)

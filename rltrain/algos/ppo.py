@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 class PPO:
     """The learner side of PPO: owns the policy's optimizer and turns batches into updates."""
 
+    ACTION_SPACES = ("discrete", "box")
+
     def __init__(
         self,
         policy: ActorCritic,

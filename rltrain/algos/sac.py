@@ -1,0 +1,125 @@
+"""Soft Actor-Critic (Haarnoja et al. 2018) with automatic entropy tuning, for Box action spaces.
+
+Read top to bottom: hyperparameters; ``update`` stores a collector batch in the replay buffer and,
+after ``warmup_frames``, runs ``utd`` gradient steps per collected frame. Each ``_step``: the
+twin-Q target with the entropy term, the critics' loss, the actor's loss (min of the twin Qs),
+the temperature's loss, then the Polyak target update. Bootstrapping stops only on termination,
+not truncation (``("next", "observation")`` is the true final observation).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import TYPE_CHECKING
+
+import torch
+
+from rltrain.algos.networks import SquashedGaussianActor, TwinQ
+from rltrain.data import ReplayBuffer
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+_STORED_KEYS = ["observation", "action", "reward", "terminated", ("next", "observation")]
+
+
+class SAC:
+    """The learner side of SAC: actor, twin critics with targets, temperature, replay buffer."""
+
+    ACTION_SPACES = ("box",)
+
+    def __init__(
+        self,
+        policy: SquashedGaussianActor,
+        total_frames: int,
+        device: torch.device | str = "cpu",
+        lr: float = 1e-3,  # actor and temperature learning rate (Adam)
+        critic_lr: float = 1e-3,  # critics' learning rate (Adam)
+        gamma: float = 0.99,  # discount factor
+        tau: float = 0.005,  # Polyak step of the target critics: target += tau * (online - target)
+        batch_size: int = 256,  # transitions per gradient step
+        utd: float = 1.0,  # gradient steps per collected frame (update-to-data ratio)
+        warmup_frames: int = 1000,  # frames of uniform random actions before learning starts
+        buffer_size: int = 1_000_000,  # replay capacity in frames
+        critic_hidden_sizes: list[int] = (256, 256),  # hidden layers of each Q-network
+        alpha: float = 1.0,  # initial entropy temperature
+        autotune: bool = True,  # learn alpha so the policy's entropy tracks target_entropy
+        target_entropy: float | None = None,  # null: -action_dim
+    ):
+        self.policy, self.device, self.total_frames = policy, torch.device(device), total_frames
+        self.gamma, self.tau, self.batch_size, self.utd = gamma, tau, batch_size, utd
+        self.warmup_frames, self.autotune = warmup_frames, autotune
+        obs_dim = policy.obs_norm.mean.numel()
+        act_dim = policy.action_scale.numel()
+        self.q = TwinQ(obs_dim, act_dim, list(critic_hidden_sizes)).to(self.device)
+        self.q_target = copy.deepcopy(self.q).requires_grad_(False)
+        self.target_entropy = -float(act_dim) if target_entropy is None else target_entropy
+        self.log_alpha = torch.tensor(float(alpha), device=self.device).log().requires_grad_(autotune)
+        self.actor_optimizer = torch.optim.Adam(policy.parameters(), lr=lr, fused=True)
+        self.critic_optimizer = torch.optim.Adam(self.q.parameters(), lr=critic_lr, fused=True)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr) if autotune else None
+        self.buffer = ReplayBuffer(buffer_size, self.device)
+        self.frames = 0
+        self._owed_steps = 0.0  # fractional gradient steps carried between batches
+
+    def update(self, batch: TensorDict) -> dict[str, float]:
+        frames = batch.numel()
+        self.frames += frames
+        self.buffer.extend(batch.select(*_STORED_KEYS))
+        self.policy.obs_norm.update(batch["observation"].to(self.device))
+        if self.frames < self.warmup_frames:
+            return {"sac/buffer_frames": len(self.buffer)}
+        if self.policy.uniform:
+            self.policy.uniform.fill_(False)  # collectors stop acting uniformly with the next push
+        self._owed_steps += self.utd * frames
+        steps, self._owed_steps = int(self._owed_steps), self._owed_steps - int(self._owed_steps)
+        metrics = []
+        for _ in range(steps):
+            metrics.append(self._step())
+        if not metrics:
+            return {"sac/buffer_frames": len(self.buffer)}
+        mean = torch.stack(metrics).mean(0).tolist()
+        return {"loss/critic": mean[0], "loss/actor": mean[1], "loss/alpha": mean[2], "sac/alpha": mean[3],
+                "sac/q": mean[4], "sac/entropy": mean[5], "sac/buffer_frames": len(self.buffer)}
+
+    def _step(self) -> torch.Tensor:
+        policy, q, q_target = self.policy, self.q, self.q_target
+        b = self.buffer.sample(self.batch_size)
+        obs, action, next_obs = b["observation"], b["action"].flatten(1), b["next", "observation"]
+        alpha = self.log_alpha.exp().detach()
+
+        # Critics: soft Bellman target from the target twins' minimum, bootstrapping unless terminated.
+        with torch.no_grad():
+            next_action, next_log_prob = policy.sample(next_obs)
+            next_q = q_target(policy.obs_norm(next_obs), next_action.flatten(1)).min(0).values
+            target = b["reward"] + self.gamma * (~b["terminated"]).float() * (next_q - alpha * next_log_prob)
+        q_values = q(policy.obs_norm(obs), action)
+        critic_loss = 0.5 * (q_values - target).square().mean(1).sum()
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optimizer.step()
+
+        # Actor: maximize min-Q plus entropy, through the reparameterized sample. The critics are
+        # frozen meanwhile: their weight gradients would be thrown away (a third of this backward).
+        new_action, log_prob = policy.sample(obs)
+        q.requires_grad_(False)
+        q_pi = q(policy.obs_norm(obs), new_action.flatten(1)).min(0).values
+        actor_loss = (alpha * log_prob - q_pi).mean()
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        q.requires_grad_(True)
+        self.actor_optimizer.step()
+
+        # Temperature: raise alpha when entropy is below target, lower it when above.
+        alpha_loss = torch.zeros(())
+        if self.autotune:
+            alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+            self.alpha_optimizer.zero_grad(set_to_none=True)
+            alpha_loss.backward()
+            self.alpha_optimizer.step()
+
+        # Targets move a fraction tau towards the online critics.
+        with torch.no_grad():
+            torch._foreach_lerp_(list(q_target.parameters()), list(q.parameters()), self.tau)
+        return torch.stack([critic_loss.detach(), actor_loss.detach(), alpha_loss.detach(), alpha,
+                            q_values.detach().mean(), -log_prob.detach().mean()])
