@@ -6,6 +6,7 @@ the true final observation, so a truncated episode can bootstrap from where it r
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from dataclasses import dataclass
 
@@ -95,11 +96,14 @@ class BatchedEnv:
     and ``obs`` (what the policy sees next: the reset observation where an episode ended).
     """
 
-    def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0):
+    def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
+                 reward_threshold: float | None = None):
         self.id = id
         self.num_envs = num_envs
         self.envs = [make_gym_env(id, kwargs) for _ in range(num_envs)]
         self.spec = spec_from_env(id, self.envs[0])
+        if reward_threshold is not None:  # ours, for envs where gymnasium declares none
+            self.spec = dataclasses.replace(self.spec, reward_threshold=reward_threshold)
         self.seed = seed
         self._obs = np.zeros((num_envs, *self.spec.obs_shape), dtype=np.float32)
         self._next_obs = np.zeros_like(self._obs)
