@@ -218,8 +218,14 @@ class Trainer:
         tmp.replace(path)
 
     def _close(self, summary: dict[str, Any]) -> None:
-        # Close everything even if one close fails; report the first failure afterwards.
+        # Close everything even if one close fails. Collectors go first: their workers must be
+        # gone before the weight senders (hooks) close the channels those workers read.
         errors = []
+        for part in self._closeables:
+            try:
+                part.close()
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
         for hook in self.hooks.values():
             try:
                 hook.close(self.state, summary)
@@ -228,11 +234,6 @@ class Trainer:
         for logger in self.loggers:
             try:
                 logger.close(summary)
-            except Exception as e:  # noqa: BLE001
-                errors.append(e)
-        for part in self._closeables:
-            try:
-                part.close()
             except Exception as e:  # noqa: BLE001
                 errors.append(e)
         for e in errors:

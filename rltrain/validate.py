@@ -191,6 +191,9 @@ def _check_cross(cfg: DictConfig) -> None:
     if "envs_per_worker" not in cfg.collector and str(cfg.sync.get("_target_", "")).endswith("PipeSync"):
         raise ConfigError("sync=pipe sends weights to worker processes, but collector=local runs in the learner's "
                           "process; use sync=shared_mem with collector=local, or collector=sync|async with sync=pipe")
+    if "warmup_frames" in cfg.algo and str(cfg.sync.get("_target_", "")).endswith("NoSync"):
+        raise ConfigError("algo=sac with sync=none: the end of the warm-up reaches collectors through a weight "
+                          "push, so they would act uniformly at random for the whole run; use sync=shared_mem")
     minibatch = cfg.algo.get("minibatch_size")
     if minibatch is not None and batch is not None and minibatch > batch:
         raise ConfigError(

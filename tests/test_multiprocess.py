@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import gc
 import multiprocessing as mp
+from multiprocessing import resource_tracker
 import os
 import signal
 import time
@@ -27,8 +28,19 @@ def shm_entries() -> set[str]:
 
 
 @pytest.fixture
-def no_leftovers():
-    """Fails the test if it leaves a child process or a /dev/shm entry behind."""
+def no_leftovers(monkeypatch):
+    """Fails the test if it leaves a child process, or a /dev/shm entry it created, behind.
+
+    Named semaphores are attributed through multiprocessing's resource tracker (other processes,
+    e.g. a second test run, may be creating their own at the same time)."""
+    created = []
+    register = resource_tracker.register
+
+    def recording_register(name, rtype):
+        created.append(name)
+        register(name, rtype)
+
+    monkeypatch.setattr(resource_tracker, "register", recording_register)
     before = shm_entries()
     yield
     deadline = time.monotonic() + 10
@@ -36,7 +48,9 @@ def no_leftovers():
         time.sleep(0.1)
     assert not mp.active_children(), f"child processes left: {mp.active_children()}"
     gc.collect()  # the sync lock's named semaphore lives as long as the scheme object
-    assert shm_entries() - before == set(), "shared-memory segments left in /dev/shm"
+    ours = {f"sem.{name.lstrip('/')}" for name in created}
+    assert not ours & shm_entries(), "named semaphores left in /dev/shm"
+    assert not {e for e in shm_entries() - before if e.startswith("torch_")}, "torch shared memory left in /dev/shm"
 
 
 def start(scheme, mode="sync", env_id="CartPole-v1", workers=2, envs_per_worker=2, frames_per_batch=None,
@@ -144,6 +158,25 @@ def test_a_killed_worker_fails_the_learner_within_seconds(no_leftovers):
         assert time.monotonic() - started < 30.0  # noticed through the sentinel, not the 60 s timeout
     finally:
         collector.close()
+
+
+def test_a_pipe_push_to_a_dead_worker_fails_at_once_naming_it(no_leftovers):
+    learner, sender, collector = start(PipeSync(), timeout_s=60.0)
+    try:
+        next(iter(collector))
+        os.kill(collector._procs[1].pid, signal.SIGKILL)
+        collector._procs[1].join(timeout=10)
+        from rltrain.errors import SyncError
+
+        started = time.monotonic()
+        with pytest.raises(SyncError, match="could not reach receiver 1"):
+            for _ in range(100):  # the dead worker's pipe fills, then the next write fails
+                learner.mark(1.0)
+                sender.push()
+        assert time.monotonic() - started < 30.0  # not the 60 s sync timeout
+    finally:
+        collector.close()
+        sender.close()
 
 
 def test_a_stuck_worker_times_out_with_a_clear_message(no_leftovers):

@@ -85,7 +85,12 @@ def test_sac_rejects_discrete_action_envs_before_building(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize(("collector", "sync"), [("local", "shared_mem"), ("local", "none"), ("sync", "shared_mem"),
+def test_sac_with_sync_none_is_rejected_since_warmup_ends_through_a_push(tmp_path):
+    with pytest.raises(ConfigError, match="algo=sac with sync=none"):
+        build(make_config("algo=sac", "env=pendulum", "sync=none"), run_dir=tmp_path)
+
+
+@pytest.mark.parametrize(("collector", "sync"), [("local", "shared_mem"), ("sync", "shared_mem"),
                                                  ("sync", "pipe"), ("async", "shared_mem"), ("async", "pipe")])
 def test_sac_runs_with_every_collector_and_sync_scheme(collector, sync, tmp_path):
     cfg = make_config("algo=sac", "env=pendulum", f"collector={collector}", f"sync={sync}",

@@ -86,14 +86,15 @@ class SAC:
         policy, q, q_target = self.policy, self.q, self.q_target
         b = self.buffer.sample(self.batch_size)
         obs, action, next_obs = b["observation"], b["action"].flatten(1), b["next", "observation"]
+        critic_obs, critic_next_obs = policy.obs_norm(obs).flatten(1), policy.obs_norm(next_obs).flatten(1)
         alpha = self.log_alpha.exp().detach()
 
         # Critics: soft Bellman target from the target twins' minimum, bootstrapping unless terminated.
         with torch.no_grad():
             next_action, next_log_prob = policy.sample(next_obs)
-            next_q = q_target(policy.obs_norm(next_obs), next_action.flatten(1)).min(0).values
+            next_q = q_target(critic_next_obs, next_action.flatten(1)).min(0).values
             target = b["reward"] + self.gamma * (~b["terminated"]).float() * (next_q - alpha * next_log_prob)
-        q_values = q(policy.obs_norm(obs), action)
+        q_values = q(critic_obs, action)
         critic_loss = 0.5 * (q_values - target).square().mean(1).sum()
         self.critic_optimizer.zero_grad(set_to_none=True)
         critic_loss.backward()
@@ -103,7 +104,7 @@ class SAC:
         # frozen meanwhile: their weight gradients would be thrown away (a third of this backward).
         new_action, log_prob = policy.sample(obs)
         q.requires_grad_(False)
-        q_pi = q(policy.obs_norm(obs), new_action.flatten(1)).min(0).values
+        q_pi = q(critic_obs, new_action.flatten(1)).min(0).values
         actor_loss = (alpha * log_prob - q_pi).mean()
         self.actor_optimizer.zero_grad(set_to_none=True)
         actor_loss.backward()
@@ -111,7 +112,7 @@ class SAC:
         self.actor_optimizer.step()
 
         # Temperature: raise alpha when entropy is below target, lower it when above.
-        alpha_loss = torch.zeros(())
+        alpha_loss = torch.zeros((), device=self.device)
         if self.autotune:
             alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
             self.alpha_optimizer.zero_grad(set_to_none=True)

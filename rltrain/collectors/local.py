@@ -38,9 +38,13 @@ class LocalCollector:
             self.env.close()
             raise ValueError(f"frames_per_batch ({frames_per_batch}) must be a multiple of num_envs ({self.env.num_envs})")
         self.frames_per_batch = frames_per_batch
-        self.policy = make_policy()
-        self.receiver = make_receiver()
-        self.receiver.connect(self.policy)
+        try:
+            self.policy = make_policy()
+            self.receiver = make_receiver()
+            self.receiver.connect(self.policy)
+        except BaseException:
+            self.env.close()
+            raise
         self._rollout = Rollout(self.env, self.policy, self.receiver)
 
     def __iter__(self) -> Iterator[TensorDict]:

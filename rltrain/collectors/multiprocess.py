@@ -72,10 +72,13 @@ class MultiprocessCollector:
                     target=worker_main, name=f"rltrain-collector-{i}", daemon=True,
                     args=(i, child_conn, worker_env, make_policy, self._receivers[-1], self._buffers[i], mode),
                 )
-                proc.start()
-                child_conn.close()
+                try:
+                    proc.start()
+                finally:
+                    child_conn.close()
                 self._conns.append(parent_conn)
                 self._procs.append(proc)
+                self._receivers[-1].after_spawn()
             pending = set(range(workers))
             while pending:
                 for i, _msg in self._wait(pending, "ready signal"):

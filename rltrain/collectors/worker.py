@@ -19,7 +19,7 @@ import torch
 
 from rltrain.collectors.rollout import Rollout
 
-_PARENT_CHECK_S = 1.0
+_WAKE_S = 0.05  # while waiting: look for new weights (releasing an old slot) and for a dead learner
 
 
 class _Closed(Exception):
@@ -79,7 +79,7 @@ def _recv(conn, receiver) -> tuple:
     """Wait for the learner's next message, applying new weights meanwhile; exit if the learner died."""
     parent = mp.parent_process()
     handles = [conn] + ([receiver.waitable] if getattr(receiver, "waitable", None) is not None else [])
-    while conn not in wait(handles, timeout=_PARENT_CHECK_S):
+    while conn not in wait(handles, timeout=_WAKE_S):
         if parent is not None and not parent.is_alive():
             raise _Closed
         receiver.poll()

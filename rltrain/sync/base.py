@@ -49,6 +49,9 @@ class WeightReceiver(ABC):
     def poll(self) -> bool:
         """Apply the newest snapshot if it is newer than ``version``; return whether weights changed."""
 
+    def after_spawn(self) -> None:
+        """Called in the learner once a worker process holding this receiver has started."""
+
     def close(self) -> None:
         """Release what the receiver holds."""
 

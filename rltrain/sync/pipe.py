@@ -54,14 +54,20 @@ class _PipeSender(WeightSender):
         if pending:
             raise SyncError(f"pipe: a collector did not take weights version {version} within "
                             f"{self._timeout_s}s (sync.timeout_s)")
-        for future in done:
-            future.result()  # re-raises BrokenPipeError & co.
+        for i, future in enumerate(futures):
+            try:
+                future.result()
+            except OSError as e:
+                raise SyncError(f"pipe: weights version {version} could not reach receiver {i} ({e}); "
+                                "its collector worker has exited") from None
         self.version, self.pushes = version, self.pushes + 1
         return version
 
     def close(self) -> None:
+        # The trainer closes collectors first: every reader is gone, so a blocked write fails fast
+        # and the threads can be joined before their file descriptors are closed under them.
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
         for writer in self._writers:
             writer.close()
 
@@ -92,6 +98,10 @@ class _PipeReceiver(WeightReceiver):
         """What a worker may wait on (with its command pipe) so pushes never wait for its poll."""
         return self._reader
 
+    def after_spawn(self) -> None:
+        # The worker holds its own duplicate; without ours, a dead worker makes pushes fail at once.
+        self._reader.close()
+
     def connect(self, policy: nn.Module) -> None:
         self._initial.check_matches(policy)
         weights = named_weights(policy)
@@ -100,7 +110,7 @@ class _PipeReceiver(WeightReceiver):
         self.poll()
 
     def poll(self) -> bool:
-        if not self._reader.poll():
+        if self._reader.closed or not self._reader.poll():
             return False
         with torch.no_grad():
             while self._reader.poll():  # drain: the newest snapshot wins
