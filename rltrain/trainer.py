@@ -7,6 +7,7 @@ cases, after ``summary.json`` is written (also on Ctrl-C and on error).
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections import defaultdict, deque
@@ -99,13 +100,11 @@ class Trainer:
         stop_at_return: float | None = None,
         return_window: int = 10,
         max_lag: int | None = None,
-        closeables: list | None = None,
     ):
         self.collector, self.algo, self.hooks, self.loggers = collector, algo, dict(hooks), list(loggers)
         self.stop_at_return = stop_at_return
         self.max_lag = max_lag  # drop batches with frames more than this many versions old
         self.state = TrainState(Path(run_dir), total_frames, return_window)
-        self._closeables = [collector, *(closeables or [])]
 
     def fit(self) -> dict[str, Any]:
         """Train until ``total_frames`` (or ``stop_at_return``); returns what it writes to summary.json."""
@@ -218,23 +217,13 @@ class Trainer:
         tmp.replace(path)
 
     def _close(self, summary: dict[str, Any]) -> None:
-        # Close everything even if one close fails. Collectors go first: their workers must be
-        # gone before the weight senders (hooks) close the channels those workers read.
-        errors = []
-        for part in self._closeables:
+        # Everything is closed even if one close fails. The collector goes first: its workers
+        # must be gone before the weight sender (a hook) closes the channels they read.
+        closers = [self.collector.close]
+        closers += [functools.partial(hook.close, self.state, summary) for hook in self.hooks.values()]
+        closers += [functools.partial(logger.close, summary) for logger in self.loggers]
+        for close in closers:
             try:
-                part.close()
+                close()
             except Exception as e:  # noqa: BLE001
-                errors.append(e)
-        for hook in self.hooks.values():
-            try:
-                hook.close(self.state, summary)
-            except Exception as e:  # noqa: BLE001
-                errors.append(e)
-        for logger in self.loggers:
-            try:
-                logger.close(summary)
-            except Exception as e:  # noqa: BLE001
-                errors.append(e)
-        for e in errors:
-            log.error("error while closing the run: %s", e)
+                log.error("error while closing the run: %s", e)
