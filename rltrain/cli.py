@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
+import signal
 import sys
+from datetime import datetime
 from pathlib import Path
 
 import hydra
@@ -12,7 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from rltrain.factory import build
-from rltrain.errors import ConfigError
+from rltrain.errors import CheckpointError, ConfigError
 
 # In a source checkout the Hydra tree is ../configs; an installed wheel carries it inside the package.
 _PACKAGED = Path(__file__).parent / "configs"
@@ -24,18 +27,45 @@ def run(cfg: DictConfig) -> float | None:
     """Train one run; returns the final evaluation return (what an optimizing sweeper maximizes)."""
     try:
         trainer = build(cfg)
-    except ConfigError as e:
+    except (ConfigError, CheckpointError) as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         _discard_run_dir()
-        print(f"rltrain: config error: {e}", file=sys.stderr)
+        what = "config error" if isinstance(e, ConfigError) else "cannot resume"
+        print(f"rltrain: {what}: {e}", file=sys.stderr)
         sys.exit(2)
+    run_dir = trainer.state.run_dir
+    if HydraConfig.initialized() and run_dir.resolve() != Path(HydraConfig.get().runtime.output_dir).resolve():
+        _move_into_resumed_run(run_dir)
     try:
         summary = trainer.fit()
     except KeyboardInterrupt:
-        print(f"rltrain: interrupted; summary written to {trainer.state.run_dir / 'summary.json'}", file=sys.stderr)
+        print(f"rltrain: stopped at once; summary written to {run_dir / 'summary.json'}", file=sys.stderr)
         sys.exit(130)
+    if summary["status"] == "interrupted":
+        signum = trainer.state.stop_signal or signal.SIGINT
+        print(f"rltrain: stopped by {signal.Signals(signum).name}; checkpoint and summary.json in {run_dir}. "
+              f"Continue with: python -m rltrain resume={run_dir} (plus the same overrides)", file=sys.stderr)
+        sys.exit(128 + signum)
     return summary["eval_return"]
+
+
+def _move_into_resumed_run(run_dir: Path) -> None:
+    """A resumed run continues in its old dir: keep this invocation's Hydra files there under
+    ``resumes/<time>/``, send the log file there, and remove the dir Hydra made for it."""
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir)
+    target = run_dir / "resumes" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    target.mkdir(parents=True, exist_ok=True)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == hydra_dir.resolve():
+            handler.close()
+            old_log = Path(handler.baseFilename)
+            handler.baseFilename = str(run_dir.resolve() / old_log.name)  # reopened in append mode
+            with open(handler.baseFilename, "a") as f:
+                f.write(old_log.read_text() if old_log.exists() else "")
+    if (hydra_dir / ".hydra").is_dir():
+        shutil.move(str(hydra_dir / ".hydra"), str(target / ".hydra"))
+    _discard_run_dir()
 
 
 def _discard_run_dir() -> None:

@@ -11,3 +11,7 @@ class SyncError(RuntimeError):
 
 class CollectorError(RuntimeError):
     """A collector worker raised, died or stopped answering; the message says which and why."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint to resume from is missing, unreadable, or from a config it does not fit."""

@@ -2,8 +2,9 @@
 that wires parts together (a module apart from the package root so that importing ``rltrain`` stays
 cheap for spawned collector workers).
 
-Order: validate everything, then env -> policy -> algo -> sync -> collector -> loggers -> hooks.
-If any step fails, whatever was already started is closed again.
+Order: validate everything (and read the checkpoint to resume from, if any), then env -> policy
+-> algo -> sync -> collector -> loggers -> hooks. If any step fails, whatever was already started
+is closed again.
 """
 
 from __future__ import annotations
@@ -18,10 +19,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from rltrain import checkpoint
 from rltrain.envs import EnvSpec
+from rltrain.errors import CheckpointError
 from rltrain.loggers import JsonlLogger
 from rltrain.trainer import Trainer
 from rltrain.validate import WIRING_KEYS, validate
@@ -30,9 +33,18 @@ log = logging.getLogger("rltrain")
 
 
 def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
-    """Validate ``cfg`` and build the Trainer it describes; ``run_dir`` defaults to Hydra's output dir."""
+    """Validate ``cfg`` and build the Trainer it describes; ``run_dir`` defaults to Hydra's output dir.
+
+    With ``resume`` set, the run continues in the dir of the checkpoint it resumes from, and every
+    part is restored from it before anything starts (a checkpoint that does not fit fails here).
+    """
     validate(cfg)
-    run_dir = _resolve_run_dir(run_dir)
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    fresh_dir = _default_run_dir(run_dir)
+    ckpt_path = checkpoint.find(cfg.get("resume"), resolved, _runs_root(fresh_dir))
+    saved = checkpoint.load(ckpt_path) if ckpt_path else None
+    run_dir = checkpoint.run_dir_of(ckpt_path) if ckpt_path else fresh_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
     _seed_everything(cfg.seed)
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
@@ -48,23 +60,37 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
         policy = make_policy().to(device)
         algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), policy=policy, device=device,
                           total_frames=cfg.trainer.total_frames)
+        version, frames = 0, 0
+        if saved is not None:
+            _restore_algo(algo, saved, ckpt_path, resolved)
+            version, frames = saved["trainer"]["version"], saved["frames"]
         scheme = _construct(_without(cfg.sync, WIRING_KEYS["sync"]))
-        sender = scheme.sender(policy)
+        sender = scheme.sender(policy, version=version)
         cleanup.callback(sender.close)
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
+        # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
         collector = _instantiate_with(cfg.collector, make_env=make_env, make_policy=make_policy,
-                                      make_receiver=scheme.receiver, env_spec=env_spec, seed=cfg.seed)
+                                      make_receiver=scheme.receiver, env_spec=env_spec, seed=cfg.seed + frames)
         cleanup.callback(collector.close)
+        if saved is not None:
+            _restore_collector(collector, saved.get("collector"))
 
-        loggers = [JsonlLogger(run_dir)]
+        logger_states = (saved or {}).get("loggers", {})
+
+        def resume_for(target: str) -> dict | None:
+            return None if saved is None else {**logger_states.get(target, {}), "frames": frames}
+
+        loggers = [JsonlLogger(run_dir, resume=resume_for("rltrain.loggers.files.JsonlLogger"))]
         cleanup.callback(loggers[-1].close)
-        resolved = OmegaConf.to_container(cfg, resolve=True)
         for node in (cfg.get("logger") or {}).values():
-            loggers.append(_instantiate_with(node, run_dir=run_dir, config=resolved))
+            target = get_class(node._target_)
+            loggers.append(_instantiate_with(node, run_dir=run_dir, config=resolved,
+                                             resume=resume_for(f"{target.__module__}.{target.__qualname__}")))
             cleanup.callback(loggers[-1].close)
         runtime = {"policy": policy, "sender": sender, "loggers": loggers, "device": device,
                    "make_env": functools.partial(make_env, seed=cfg.seed + 1_000_000),
-                   "env_spec": env_spec, "run_dir": run_dir, "algo": algo}
+                   "env_spec": env_spec, "run_dir": run_dir, "algo": algo, "collector": collector,
+                   "config": resolved}
         hooks = {name: _instantiate_with(node, **runtime) for name, node in (cfg.get("hooks") or {}).items()}
 
         stop_at_return = cfg.trainer.stop_at_return
@@ -73,10 +99,36 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
         trainer = Trainer(collector, algo, hooks, loggers, run_dir, total_frames=cfg.trainer.total_frames,
                           stop_at_return=stop_at_return, return_window=cfg.trainer.return_window,
                           max_lag=getattr(collector, "max_lag", None))
+        if saved is not None:
+            trainer.state.load_state_dict(saved["trainer"])
+            checkpoint.set_rng_state(saved["rng"])  # last: building above draws random numbers
         cleanup.pop_all()
-    log.info("run dir %s | %s on %s | %s collector | device %s", run_dir, type(algo).__name__, env_spec.id,
-             type(collector).__name__, device)
+    log.info("run dir %s | %s on %s | %s collector | device %s%s", run_dir, type(algo).__name__, env_spec.id,
+             type(collector).__name__, device, f" | resumed at {frames:,} frames" if saved else "")
     return trainer
+
+
+def _restore_algo(algo, saved: dict, path: Path, config: dict) -> None:
+    """Load the algo's state after checking it fits (same algorithm, same tensor shapes)."""
+    if saved["algo_class"] != type(algo).__name__:
+        raise CheckpointError(f"{path} holds a {saved['algo_class']} run; this config builds {type(algo).__name__}. "
+                              f"Resume with algo={saved['config']['algo']['_target_'].rsplit('.', 1)[-1].lower()}, "
+                              "or start a new run")
+    checkpoint.check_compatible(saved["algo"], algo.state_dict(), "algo")
+    algo.load_state_dict(saved["algo"])
+    changes = checkpoint.config_changes(saved["config"], config)
+    log.info("resuming from %s (%d frames)%s", path, saved["frames"],
+             "; changed: " + ", ".join(changes) if changes else "")
+
+
+def _restore_collector(collector, state: dict | None) -> None:
+    if state is None or not hasattr(collector, "load_state_dict"):
+        log.info("resume: the collector's envs start fresh episodes (their state was not saved)")
+        return
+    try:
+        collector.load_state_dict(state)
+    except ValueError as e:  # e.g. env.num_envs changed
+        log.warning("resume: the collector's envs start fresh episodes (%s)", e)
 
 
 def _plain_partial(node: DictConfig, **kwargs) -> functools.partial:
@@ -115,7 +167,7 @@ def _without(node: DictConfig, keys: set[str]) -> DictConfig:
     return OmegaConf.masked_copy(node, [k for k in node if k not in keys])
 
 
-def _resolve_run_dir(run_dir: str | Path | None) -> Path:
+def _default_run_dir(run_dir: str | Path | None) -> Path:
     if run_dir is None:
         from hydra.core.hydra_config import HydraConfig
 
@@ -123,9 +175,16 @@ def _resolve_run_dir(run_dir: str | Path | None) -> Path:
             run_dir = HydraConfig.get().runtime.output_dir
         else:
             run_dir = Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    return run_dir
+    return Path(run_dir)
+
+
+def _runs_root(run_dir: Path) -> Path:
+    """Where resume=auto looks for earlier runs: the top dir of the run dirs (``outputs/``)."""
+    cwd = Path.cwd().resolve()
+    absolute = run_dir.resolve()
+    if cwd in absolute.parents:
+        return cwd / absolute.relative_to(cwd).parts[0]
+    return absolute.parent.parent
 
 
 def _resolve_device(device: str) -> torch.device:

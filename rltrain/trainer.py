@@ -1,8 +1,9 @@
 """The training loop: pulls batches from a collector, updates the algorithm, fires hooks.
 
 Events, in order: ``start``; per batch ``batch`` then (after the update) ``update`` for each hook
-whose schedule is due; ``end`` once the run finished normally. Every hook is ``close``d in all
-cases, after ``summary.json`` is written (also on Ctrl-C and on error).
+whose schedule is due; then ``end`` once the run finished normally, or ``interrupt`` when SIGINT
+or SIGTERM asked it to stop (the step under way is finished first; a second signal stops at
+once). Every hook is ``close``d in all cases, after ``summary.json`` is written (also on error).
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import signal
+import threading
 from collections import defaultdict, deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -37,16 +40,33 @@ class MetricWindow:
         self._sums: dict[str, float] = defaultdict(float)
         self._counts: dict[str, int] = defaultdict(int)
 
+        self._totals: dict[str, float] = defaultdict(float)
+
     def add(self, metrics: Mapping[str, float]) -> None:
+        """Values to average over the window (losses, returns)."""
         for k, v in metrics.items():
             self._sums[k] += v
             self._counts[k] += 1
 
+    def accumulate(self, metrics: Mapping[str, float]) -> None:
+        """Values to sum over the window (seconds per phase)."""
+        for k, v in metrics.items():
+            self._totals[k] += v
+
     def drain(self) -> dict[str, float]:
-        means = {k: self._sums[k] / self._counts[k] for k in self._sums}
+        out = {k: self._sums[k] / self._counts[k] for k in self._sums} | dict(self._totals)
         self._sums.clear()
         self._counts.clear()
-        return means
+        self._totals.clear()
+        return out
+
+    def state_dict(self) -> dict:
+        return {"sums": dict(self._sums), "counts": dict(self._counts), "totals": dict(self._totals)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._sums = defaultdict(float, state["sums"])
+        self._counts = defaultdict(int, state["counts"])
+        self._totals = defaultdict(float, state["totals"])
 
 
 @dataclass
@@ -73,10 +93,29 @@ class TrainState:
     window: MetricWindow = field(default_factory=MetricWindow)
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     should_stop: bool = False  # a hook may set this to end the run after the current update
+    stop_signal: int | None = None  # SIGINT or SIGTERM asked the run to stop after the current step
+
+    _COUNTERS = ("frames", "batches", "updates", "version", "pushes", "episodes", "eval_return",
+                 "solved_at_frames", "lag_sum", "lag_max", "dropped_batches")
 
     def __post_init__(self):
         self.recent_returns = deque(maxlen=self.return_window)
         self.recent_lengths = deque(maxlen=self.return_window)
+
+    def state_dict(self) -> dict:
+        """Counters, the recent-episode windows, the pending metric window and the timer."""
+        state = {name: getattr(self, name) for name in self._COUNTERS}
+        state |= {"recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
+                  "window": self.window.state_dict(), "timer": self.timer.state_dict()}
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        for name in self._COUNTERS:
+            setattr(self, name, state[name])
+        self.recent_returns.extend(state["recent_returns"])
+        self.recent_lengths.extend(state["recent_lengths"])
+        self.window.load_state_dict(state["window"])
+        self.timer.load_state_dict(state["timer"])
 
     @property
     def train_return(self) -> float | None:
@@ -109,11 +148,18 @@ class Trainer:
     def fit(self) -> dict[str, Any]:
         """Train until ``total_frames`` (or ``stop_at_return``); returns what it writes to summary.json."""
         status = "failed: unknown"
+        previous_handlers = self._catch_stop_signals()
         try:
+            for hook in self.hooks.values():
+                hook.schedule.catch_up(self.state)  # a resumed run: no hook fires for the past
             self._fire("start")
             self._loop()
-            self._fire("end")
-            status = "completed"
+            if self.state.stop_signal is None:
+                self._fire("end")
+                status = "completed"
+            else:
+                self._fire("interrupt")
+                status = "interrupted"
         except KeyboardInterrupt:
             status = "interrupted"
             raise
@@ -121,15 +167,31 @@ class Trainer:
             status = f"failed: {type(e).__name__}: {e}"
             raise
         finally:
+            for signum, handler in previous_handlers.items():
+                signal.signal(signum, handler)
             summary = self.summary(status)
             self._write_summary(summary)
             self._close(summary)
         return summary
 
+    def _catch_stop_signals(self) -> dict:
+        """SIGINT/SIGTERM: finish the current step, then stop (checkpoint, summary); a second one
+        stops at once. Returns the handlers to put back (signals work only in the main thread)."""
+        if threading.current_thread() is not threading.main_thread():
+            return {}
+
+        def handle(signum, frame):
+            if self.state.stop_signal is not None:
+                raise KeyboardInterrupt
+            self.state.stop_signal = signum
+            log.warning("%s: stopping after the current step (again to stop at once)", signal.Signals(signum).name)
+
+        return {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+
     def _loop(self) -> None:
         state, timer = self.state, self.state.timer
         batches = iter(self.collector)
-        while state.frames < state.total_frames and not state.should_stop:
+        while state.frames < state.total_frames and not state.should_stop and state.stop_signal is None:
             with timer.phase("collect"):
                 batch = next(batches)
             lag = state.version - batch["policy_version"]
@@ -173,10 +235,10 @@ class Trainer:
 
     def _fire(self, event: str, batch: TensorDict | None = None) -> None:
         state = self.state
-        for hook in self.hooks.values():
+        for name, hook in self.hooks.items():
             if event == "update" and not hook.schedule.due(state):
                 continue
-            with state.timer.phase(hook.phase):
+            with state.timer.phase(f"hooks/{name}" if hook.phase == "hooks" else hook.phase):
                 if event == "batch":
                     hook.on_batch(state, batch)
                 else:
@@ -195,6 +257,7 @@ class Trainer:
             "eval_return": s.eval_return,
             "train_return": s.train_return,
             "time": s.timer.breakdown(),
+            "time_hooks": s.timer.hook_breakdown(),
             "sync": {
                 "pushes": s.pushes,
                 "version": s.version,

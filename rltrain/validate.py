@@ -4,6 +4,7 @@ the key, the value and what is allowed. Nothing here starts a process or writes 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import numbers
 from collections.abc import Callable
@@ -25,8 +26,9 @@ RUNTIME_ARGS = {
     "algo": {"policy", "total_frames", "device"},
     "algo.network": {"env_spec"},
     "collector": {"make_env", "make_policy", "make_receiver", "env_spec", "seed"},
-    "logger": {"run_dir", "config"},
-    "hooks": {"policy", "sender", "loggers", "make_env", "device", "env_spec", "run_dir", "algo"},
+    "logger": {"run_dir", "config", "resume"},
+    "hooks": {"policy", "sender", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
+              "config"},
 }
 
 
@@ -88,7 +90,14 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("algo.network.hidden_sizes", lambda v: len(v) > 0 and all(_positive_int(h) for h in v),
      "a non-empty list of integers >= 1", ""),
     ("algo.network.activation", lambda v: v in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}", ""),
+    ("resume", lambda v: v is None or (isinstance(v, str) and v != ""),
+     "null, auto, or the path of a run dir or checkpoint file", ""),
     ("hooks.eval.episodes", _positive_int, "an integer >= 1", ""),
+    ("hooks.eval.video", lambda v: isinstance(v, bool), "true or false", ""),
+    ("hooks.checkpoint.keep_last", _positive_int, "an integer >= 1", ""),
+    ("hooks.checkpoint.replay_buffer", lambda v: isinstance(v, bool), "true or false", ""),
+    ("hooks.timing.cuda_sync", lambda v: isinstance(v, bool), "true or false", ""),
+    ("hooks.progress.bar", lambda v: v in (True, False, "auto"), "auto, true or false", ""),
 ]
 
 
@@ -119,6 +128,8 @@ def validate(cfg: DictConfig) -> None:
         _check_schedule(f"hooks.{name}.every", hook.get("every"))
     _check_cross(cfg)
     _check_env(cfg)
+    if OmegaConf.select(cfg, "hooks.eval.video", default=False):
+        _check_video(cfg)
 
 
 def _check_device(device) -> None:
@@ -225,3 +236,22 @@ def _check_env(cfg: DictConfig) -> None:
             f"algo={algo_cls.__name__} supports {' and '.join(supported)} action spaces, but env.id={env_id!r} has "
             f"{'a Discrete' if spec.discrete else 'a Box'} one; use algo=ppo for discrete actions"
         )
+
+
+def _check_video(cfg: DictConfig) -> None:
+    """Eval videos need moviepy (gymnasium's RecordVideo) and the env's rgb_array renderer."""
+    if importlib.util.find_spec("moviepy") is None:
+        raise ConfigError("hooks.eval.video=true records with gymnasium's RecordVideo, which needs moviepy: "
+                          "pip install 'rltrain[video]' (or set hooks.eval.video=false)")
+    kwargs = OmegaConf.to_container(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
+    try:
+        env = make_gym_env(cfg.env.id, {**kwargs, "render_mode": "rgb_array"})
+        try:
+            env.reset(seed=0)
+            env.render()
+        finally:
+            env.close()
+    except Exception as e:  # noqa: BLE001  (a missing renderer shows up in many forms: pygame, OpenGL)
+        raise ConfigError(f"hooks.eval.video=true, but env.id={cfg.env.id!r} cannot render rgb_array frames "
+                          f"here ({type(e).__name__}: {e}); pip install 'rltrain[video]' for classic-control "
+                          "envs, MUJOCO_GL=egl (or osmesa) for MuJoCo on a headless machine") from None

@@ -46,3 +46,21 @@ class FailingHook(Hook):
     def on_update(self, state):
         if state.updates >= self.at_update:
             raise {"RuntimeError": RuntimeError, "KeyboardInterrupt": KeyboardInterrupt}[self.error]("boom from a hook")
+
+
+class SignalAt(Hook):
+    """Sends its own process ``signal`` (a name), ``times`` times in a row, once ``frames`` frames are
+    reached: what a scheduler or Ctrl-C does, at a reproducible point of the run."""
+
+    def __init__(self, frames: int, signal: str = "SIGTERM", times: int = 1, every=None):
+        super().__init__(every)
+        self.frames, self.signal, self.times, self.sent = frames, signal, times, False
+
+    def on_update(self, state):
+        import os
+        import signal
+
+        if not self.sent and state.frames >= self.frames:
+            self.sent = True
+            for _ in range(self.times):
+                os.kill(os.getpid(), getattr(signal, self.signal))

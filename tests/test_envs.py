@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 import tests.toy_envs  # noqa: F401  (registers Counting-v0)
@@ -77,3 +78,22 @@ def test_env_kwargs_reach_gymnasium_make(tmp_path):
     trainer = build(cfg, run_dir=tmp_path)
     trainer.fit()
     assert max(trainer.state.recent_lengths) <= 20
+
+
+@pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "HalfCheetah-v5"])
+def test_saved_envs_continue_mid_episode_exactly(env_id):
+    env = BatchedEnv(env_id, num_envs=2, seed=4)
+    env.reset()
+    actions = [np.stack([env.envs[0].action_space.sample() for _ in range(2)]) for _ in range(60)]
+    for a in actions[:30]:
+        env.step(a)
+    state = env.state_dict()
+    restored = BatchedEnv(env_id, num_envs=2, seed=99)  # other seed, never reset: all state comes from `state`
+    restored.load_state_dict(state)
+    for a in actions[30:]:  # the same trajectories, terminations and resets included
+        expected = [x.copy() for x in env.step(a)]
+        got = restored.step(a)
+        for e, g in zip(expected, got):
+            np.testing.assert_array_equal(e, g)
+    env.close()
+    restored.close()

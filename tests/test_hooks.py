@@ -56,6 +56,18 @@ def test_seconds_schedule(monkeypatch):
     assert due == [False, False, True, False, False, True]  # at +6 s and +12 s
 
 
+def test_a_resumed_schedule_does_not_fire_for_the_past():
+    schedule = Schedule({"frames": 1000})
+    state = TrainState(run_dir=".", total_frames=10_000)
+    state.frames = 4500  # a run resumed from a checkpoint at 4500 frames
+    schedule.catch_up(state)
+    assert not schedule.due(state)
+    state.frames = 4999
+    assert not schedule.due(state)
+    state.frames = 5000
+    assert schedule.due(state)
+
+
 def test_a_user_hook_joins_from_the_command_line(tmp_path):
     result = run_cli(RECORDING, "+hooks.rec.every={batches:2}", "trainer.total_frames=1024", "collector.frames_per_batch=256",
                      "trainer.stop_at_return=null", "hydra.run.dir=run", cwd=tmp_path)

@@ -271,6 +271,7 @@ def test_ctrl_c_stops_workers_and_leaves_nothing_behind(collector, tmp_path):
     assert proc.returncode == 130, err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["frames"] > 0
+    assert (tmp_path / "run" / "checkpoints" / f"frames_{summary['frames']:012d}.pt").is_file()
     deadline = time.monotonic() + 10
     while session_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.1)

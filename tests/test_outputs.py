@@ -70,7 +70,7 @@ def test_summary_says_interrupted_on_keyboard_interrupt(tmp_path):
     assert summary["status"] == "interrupted" and summary["frames"] == 768
 
 
-def test_ctrl_c_on_the_cli_writes_the_summary_and_exits_130(tmp_path):
+def test_ctrl_c_on_the_cli_checkpoints_writes_the_summary_and_exits_130(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "rltrain", "trainer.total_frames=100000000", "trainer.stop_at_return=null",
          "hooks.log.every.seconds=0.2", "hydra.run.dir=run"],
@@ -86,6 +86,8 @@ def test_ctrl_c_on_the_cli_writes_the_summary_and_exits_130(tmp_path):
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["frames"] > 0
     assert "Traceback" not in err
+    # The step under way was finished and checkpointed, so the run can continue from there.
+    assert (tmp_path / "run" / "checkpoints" / f"frames_{summary['frames']:012d}.pt").is_file()
 
 
 def test_multirun_sweep_runs_each_job_in_its_own_dir_under_outputs(tmp_path):

@@ -45,6 +45,37 @@ def test_replay_buffer_samples_only_filled_slots_and_keeps_dtypes_and_shapes():
     assert buffer.storage.batch_size == torch.Size([1000])  # preallocated once: capacity x frame
 
 
+@pytest.mark.parametrize("capacity_after", [10, 4, 20])
+def test_replay_buffer_state_restores_the_same_slots_or_the_newest_frames(capacity_after):
+    buffer = ReplayBuffer(capacity=10)
+    buffer.extend(frames(0, 13))  # wrapped: the cursor is at slot 3
+    state = buffer.state_dict()
+    assert state["frames"]["id"].numel() == 10
+    restored = ReplayBuffer(capacity=capacity_after)
+    restored.load_state_dict(state)
+    if capacity_after == 10:  # same capacity: same slots and cursor, so the same samples follow
+        assert torch.equal(restored.storage["id"], buffer.storage["id"]) and restored.cursor == buffer.cursor
+        gen_a, gen_b = torch.Generator().manual_seed(0), torch.Generator().manual_seed(0)
+        assert torch.equal(restored.sample(64, gen_a)["id"], buffer.sample(64, gen_b)["id"])
+    else:
+        assert sorted(restored.storage["id"][: len(restored)].tolist()) == list(range(13 - min(10, capacity_after), 13))
+    oldest = 13 - min(10, capacity_after)
+    restored.extend(frames(50, 1))
+    assert 50 in restored.storage["id"].tolist()
+    # A full buffer overwrites its oldest frame; a bigger one still has room.
+    assert (oldest in restored.storage["id"].tolist()) == (capacity_after > 10)
+
+
+def test_a_partly_filled_buffer_saves_only_its_frames():
+    buffer = ReplayBuffer(capacity=100_000)
+    buffer.extend(frames(0, 5))
+    state = buffer.state_dict()
+    assert state["frames"]["obs"].untyped_storage().nbytes() == 5 * 3 * 4  # not the 100k-slot storage
+    empty = ReplayBuffer(capacity=100)
+    empty.load_state_dict(ReplayBuffer(capacity=100).state_dict())
+    assert len(empty) == 0
+
+
 def pendulum_sac(**kwargs) -> SAC:
     spec = BatchedEnv("Pendulum-v1", num_envs=1).spec
     sac = SAC(SquashedGaussianActor(spec, hidden_sizes=[32, 32]), total_frames=10_000, warmup_frames=0,

@@ -58,6 +58,15 @@ class PPO:
         self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, fused=True)
         self.frames = 0
 
+    def state_dict(self) -> dict:
+        """Everything a resumed run needs: weights (obs statistics included), optimizer, lr position."""
+        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "frames": self.frames}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.frames = state["frames"]
+
     def update(self, batch: TensorDict) -> dict[str, float]:
         """One PPO update on a ``[T, N]`` batch from a collector; returns loss and diagnostic metrics."""
         policy, batch = self.policy, batch.to(self.device, non_blocking=True)

@@ -62,6 +62,39 @@ class SAC:
         self.frames = 0
         self._owed_steps = 0.0  # fractional gradient steps carried between batches
 
+    def state_dict(self, replay_buffer: bool = True) -> dict:
+        """Networks, targets, optimizers, temperature, counters and (optionally) the replay buffer."""
+        state = {
+            "policy": self.policy.state_dict(),
+            "q": self.q.state_dict(),
+            "q_target": self.q_target.state_dict(),
+            "log_alpha": self.log_alpha.detach().clone(),
+            "actor_optimizer": self.actor_optimizer.state_dict(),
+            "critic_optimizer": self.critic_optimizer.state_dict(),
+            "frames": self.frames,
+            "owed_steps": self._owed_steps,
+        }
+        if self.alpha_optimizer is not None:
+            state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
+        if replay_buffer:
+            state["replay_buffer"] = self.buffer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``; without a saved buffer, learning goes on from an empty one."""
+        self.policy.load_state_dict(state["policy"])
+        self.q.load_state_dict(state["q"])
+        self.q_target.load_state_dict(state["q_target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
+        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        if self.alpha_optimizer is not None and "alpha_optimizer" in state:
+            self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+        self.frames, self._owed_steps = state["frames"], state["owed_steps"]
+        if "replay_buffer" in state:
+            self.buffer.load_state_dict(state["replay_buffer"])
+
     def update(self, batch: TensorDict) -> dict[str, float]:
         frames = batch.numel()
         self.frames += frames

@@ -54,6 +54,13 @@ class LocalCollector:
             self._rollout.collect({k: v.numpy() for k, v in frames.items()})
             yield as_batch(frames)
 
+    def state_dict(self) -> dict | None:
+        """The envs mid-episode (None for envs whose state cannot be saved; they restart on resume)."""
+        return self._rollout.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._rollout.load_state_dict(state)
+
     def close(self) -> None:
         self.receiver.close()
         self.env.close()

@@ -144,6 +144,11 @@ class MultiprocessCollector:
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         raise CollectorError(f"collector worker {i} (pid {proc.pid}) died ({how})")
 
+    def state_dict(self) -> None:
+        """Worker envs are not saved: a resumed run starts them on fresh episodes (the factory
+        reseeds them, so they do not replay the first run's)."""
+        return None
+
     def close(self) -> None:
         for conn in self._conns:
             try:

@@ -85,3 +85,18 @@ class Rollout:
                 ep_return[done] = 0.0
                 ep_length[done] = 0
         self._obs = obs.copy()  # the env reuses its array
+
+    def state_dict(self) -> dict | None:
+        """Where every env is mid-episode, or None if the env's state cannot be captured."""
+        envs = self.env.state_dict()
+        if envs is None:
+            return None
+        return {"envs": envs, "obs": torch.from_numpy(self._obs.copy()),
+                "episode_return": torch.from_numpy(self._ep_return.copy()),
+                "episode_length": torch.from_numpy(self._ep_length.copy())}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.env.load_state_dict(state["envs"])
+        self._obs = state["obs"].numpy().copy()
+        self._ep_return = state["episode_return"].numpy().copy()
+        self._ep_length = state["episode_length"].numpy().copy()

@@ -35,8 +35,10 @@ def worker_main(
     buffers: list[dict[str, torch.Tensor]],
     mode: str,
 ) -> None:
-    # Ctrl-C reaches the whole process group; the learner decides how its workers stop.
+    # Ctrl-C (or a scheduler's SIGTERM) reaches the whole process group; the learner finishes its
+    # step, checkpoints and then stops its workers. A worker also exits once the learner is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(1)
     env = None
     try:

@@ -42,6 +42,31 @@ class ReplayBuffer:
         self.cursor = (self.cursor + n) % self.capacity
         self.size = min(self.size + n, self.capacity)
 
+    def state_dict(self) -> dict:
+        """The filled frames and the cursor; a checkpoint's share of the buffer. A full buffer is
+        handed over as is; a partly filled one as a copy of its filled part (torch.save writes a
+        view's whole storage)."""
+        if self.storage is None or self.size == 0:
+            return {"frames": None, "size": 0, "cursor": 0}
+        frames = self.storage if self.size == self.capacity else self.storage[: self.size].clone()
+        return {"frames": frames.to_dict(), "size": self.size, "cursor": self.cursor}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Refill from ``state_dict()``; with a different capacity the newest frames are kept."""
+        from tensordict import TensorDict
+
+        self.storage, self.cursor, self.size = None, 0, 0
+        if state["frames"] is None:
+            return
+        size = state["size"]
+        frames = TensorDict(state["frames"], batch_size=[size])
+        if size == self.capacity:  # the same slots, so sampling continues exactly
+            self.extend(frames)
+            self.cursor = state["cursor"] % self.capacity
+            return
+        oldest_first = (torch.arange(size) + state["cursor"]) % size
+        self.extend(frames[oldest_first])
+
     def sample(self, batch_size: int, generator: torch.Generator | None = None) -> TensorDict:
         """``batch_size`` frames drawn uniformly, with replacement, from the filled slots."""
         if self.size == 0:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
+from rltrain.envs import env_state
 from rltrain.errors import ConfigError
 
 
@@ -97,9 +98,10 @@ class BatchedEnv:
     """
 
     def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
-                 reward_threshold: float | None = None):
+                 reward_threshold: float | None = None, render_mode: str | None = None):
         self.id = id
         self.num_envs = num_envs
+        kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
         self.envs = [make_gym_env(id, kwargs) for _ in range(num_envs)]
         self.spec = spec_from_env(id, self.envs[0])
         if reward_threshold is not None:  # ours, for envs where gymnasium declares none
@@ -137,8 +139,18 @@ class BatchedEnv:
             obs[i] = o
         return next_obs, self._reward, self._terminated, self._truncated, obs
 
-    def random_actions(self) -> np.ndarray:
-        return np.stack([env.action_space.sample() for env in self.envs])
+    def state_dict(self) -> list[bytes] | None:
+        """Every env's full state (see ``env_state``), or None if one of them cannot be captured."""
+        blobs = [env_state.capture(env) for env in self.envs]
+        return None if any(b is None for b in blobs) else blobs
+
+    def load_state_dict(self, blobs: list[bytes]) -> None:
+        """Replace the envs with the saved ones, mid-episode where they were (no reset)."""
+        if len(blobs) != self.num_envs:
+            raise ValueError(f"the saved state holds {len(blobs)} envs, this BatchedEnv has {self.num_envs}")
+        envs = [env_state.restore(b) for b in blobs]
+        self.close()
+        self.envs = envs
 
     def close(self) -> None:
         for env in self.envs:

@@ -1,8 +1,12 @@
 """Hooks: small classes the trainer calls at its events, on a schedule that is data in the config."""
 
 from rltrain.hooks.base import Hook, Schedule
+from rltrain.hooks.checkpoint import CheckpointHook
 from rltrain.hooks.eval import EvalHook
 from rltrain.hooks.log import LogHook
+from rltrain.hooks.progress import ProgressHook
+from rltrain.hooks.timing import TimingHook
 from rltrain.hooks.weight_push import WeightPushHook
 
-__all__ = ["EvalHook", "Hook", "LogHook", "Schedule", "WeightPushHook"]
+__all__ = ["CheckpointHook", "EvalHook", "Hook", "LogHook", "ProgressHook", "Schedule", "TimingHook",
+           "WeightPushHook"]

@@ -34,6 +34,12 @@ class Schedule:
         self._last_mark = 0
         self._last_time = time.monotonic()
 
+    def catch_up(self, state: TrainState) -> None:
+        """Count the multiples already behind ``state`` as done (a resumed run starts mid-way)."""
+        self._last_time = time.monotonic()
+        if self.unit != "seconds":
+            self._last_mark = int(getattr(state, self.unit) // self.n)
+
     def due(self, state: TrainState) -> bool:
         if self.unit == "seconds":
             now = time.monotonic()
@@ -67,6 +73,9 @@ class Hook:
 
     def on_end(self, state: TrainState) -> None:
         """Once, after the last update of a run that finished normally."""
+
+    def on_interrupt(self, state: TrainState) -> None:
+        """Once, after the last update of a run stopped by SIGINT or SIGTERM (instead of ``on_end``)."""
 
     def close(self, state: TrainState, summary: dict[str, Any]) -> None:
         """Always, after summary.json is written (also after Ctrl-C or an error): release resources."""

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import logging
+import warnings
 from collections.abc import Callable, Mapping
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -11,12 +14,16 @@ from torch import nn
 from rltrain.envs import BatchedEnv
 from rltrain.hooks.base import Hook
 
+log = logging.getLogger("rltrain")
+
 
 class EvalHook(Hook):
     """Runs ``episodes`` episodes on its schedule (if ``every`` is set) and at the end of the run.
 
     Logs ``eval/return`` and ``eval/episode_length``; the final mean becomes ``eval_return`` in
-    summary.json.
+    summary.json. ``video``: also record one deterministic episode per evaluation to
+    ``<run_dir>/videos/eval-frames_<N>-episode-0.mp4`` with gymnasium's RecordVideo (needs
+    moviepy and the env's renderer: ``pip install 'rltrain[video]'``).
     """
 
     phase = "eval"
@@ -30,11 +37,14 @@ class EvalHook(Hook):
         every: Mapping[str, float] | None = None,
         at_end: bool = True,
         max_steps: int = 100_000,
+        video: bool = False,
+        run_dir: str | Path = ".",
     ):
         super().__init__(every)
         self.enabled = every is not None
         self.policy, self.make_env, self.device = policy, make_env, torch.device(device)
         self.episodes, self.at_end, self.max_steps = episodes, at_end, max_steps
+        self.video, self.video_dir = video, Path(run_dir) / "videos"
         self._env: BatchedEnv | None = None
 
     def on_update(self, state) -> None:
@@ -49,26 +59,48 @@ class EvalHook(Hook):
         """One episode per eval env, deterministic actions; returns the mean episode return."""
         if self._env is None:
             self._env = self.make_env(num_envs=self.episodes)
-        env = self._env
+        returns, lengths = self._run_episodes(self._env)
+        state.eval_return = float(returns.mean())
+        state.window.add({"eval/return": state.eval_return, "eval/episode_length": float(lengths.mean())})
+        if self.video:
+            self._record(state.frames)
+        return state.eval_return
+
+    def _run_episodes(self, env: BatchedEnv) -> tuple[np.ndarray, np.ndarray]:
+        """One deterministic episode in each of ``env``'s envs: (returns, lengths)."""
         returns = np.zeros(env.num_envs)
         lengths = np.zeros(env.num_envs, dtype=np.int64)
         running = np.ones(env.num_envs, dtype=bool)
         obs = env.reset()
         was_training = self.policy.training
         self.policy.eval()
-        with torch.inference_mode():
-            for _ in range(self.max_steps):
-                action, _ = self.policy.act(torch.from_numpy(obs).to(self.device), deterministic=True)
-                _, reward, terminated, truncated, obs = env.step(action.cpu().numpy())
-                returns += reward * running
-                lengths += running
-                running &= ~(terminated | truncated)
-                if not running.any():
-                    break
-        self.policy.train(was_training)
-        state.eval_return = float(returns.mean())
-        state.window.add({"eval/return": state.eval_return, "eval/episode_length": float(lengths.mean())})
-        return state.eval_return
+        try:
+            with torch.inference_mode():
+                for _ in range(self.max_steps):
+                    action, _ = self.policy.act(torch.from_numpy(obs).to(self.device), deterministic=True)
+                    _, reward, terminated, truncated, obs = env.step(action.cpu().numpy())
+                    returns += reward * running
+                    lengths += running
+                    running &= ~(terminated | truncated)
+                    if not running.any():
+                        break
+        finally:
+            self.policy.train(was_training)
+        return returns, lengths
+
+    def _record(self, frames: int) -> None:
+        from gymnasium.wrappers import RecordVideo
+
+        env = self.make_env(num_envs=1, render_mode="rgb_array")
+        with warnings.catch_warnings():  # "overwriting existing videos": each file has its own name
+            warnings.simplefilter("ignore")
+            env.envs[0] = RecordVideo(env.envs[0], str(self.video_dir), episode_trigger=lambda episode: episode == 0,
+                                      name_prefix=f"eval-frames_{frames:012d}", disable_logger=True)
+        try:
+            self._run_episodes(env)
+        finally:
+            env.close()  # writes the file
+        log.info("eval video: %s", next(self.video_dir.glob(f"eval-frames_{frames:012d}*"), self.video_dir))
 
     def close(self, state, summary) -> None:
         if self._env is not None:

@@ -10,7 +10,8 @@ from rltrain.loggers import Logger
 
 
 class LogHook(Hook):
-    """Writes a row of ``frames``, ``updates``, window means and ``time/<phase>`` seconds on its schedule."""
+    """Writes a row of ``frames``, ``updates``, the metric window (means, and the ``time/<phase>``
+    seconds the timing hook folded in) and ``perf/fps`` on its schedule."""
 
     phase = "log"
 
@@ -18,6 +19,9 @@ class LogHook(Hook):
         super().__init__(every)
         self.loggers = list(loggers)
         self._last_frames, self._last_time = 0, time.perf_counter()
+
+    def on_start(self, state) -> None:
+        self._last_frames, self._last_time = state.frames, time.perf_counter()
 
     def on_update(self, state) -> None:
         self.write_row(state)
@@ -32,7 +36,6 @@ class LogHook(Hook):
             row["train/episode_return"] = state.train_return
             row["train/episode_length"] = state.train_length
         row.update(state.window.drain())
-        row.update({f"time/{phase}": round(s, 4) for phase, s in state.timer.drain_window().items()})
         elapsed = now - self._last_time
         row["perf/fps"] = round((state.frames - self._last_frames) / elapsed, 1) if elapsed > 0 else 0.0
         row["sync/version"] = state.version

@@ -6,10 +6,19 @@ from typing import Any
 
 
 class Logger:
-    """Receives one dict of metrics per log step (keys per DESIGN.md: ``frames``, ``loss/...``)."""
+    """Receives one dict of metrics per log step (keys per DESIGN.md: ``frames``, ``loss/...``).
+
+    A logger that takes a ``resume`` argument gets, in a resumed run, its checkpointed
+    ``state_dict()`` plus ``frames`` (where the checkpoint was taken): rows past it were written
+    after the checkpoint and are dropped, so the record continues without gap or duplicate.
+    """
 
     def log(self, row: dict[str, float], step: int) -> None:
         raise NotImplementedError
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed run hands back as ``resume`` (e.g. the wandb run id); saved in checkpoints."""
+        return {}
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
         """Flush and release; ``summary`` is what summary.json holds."""

@@ -44,11 +44,15 @@ class WandbLogger(Logger):
         group: str | None = None,
         tags: list[str] | None = None,
         mode: str = "auto",
+        resume: dict | None = None,
     ):
         import wandb
 
         self._wandb = wandb
+        run_id = (resume or {}).get("run_id")
         self.run = wandb.init(
+            id=run_id,
+            resume="allow" if run_id else None,
             project=project,
             entity=entity,
             name=name,
@@ -64,9 +68,16 @@ class WandbLogger(Logger):
     def log(self, row: dict[str, float], step: int) -> None:
         self.run.log(row)
 
+    def state_dict(self) -> dict[str, Any]:
+        return {"run_id": self.run.id}
+
     def close(self, summary: dict[str, Any] | None = None) -> None:
         if summary is not None:
             for key, value in summary.items():
                 self.run.summary[key] = value
+            rows = [[phase, seconds, seconds / max(summary["wall_time_s"], 1e-9)]
+                    for phase, seconds in summary["time"].items()]
+            self.run.log({"timing": self._wandb.Table(columns=["phase", "seconds", "share"], data=rows),
+                         "frames": summary["frames"]})
         failed = summary is not None and str(summary.get("status", "")).startswith("failed")
         self.run.finish(exit_code=1 if failed else 0)

@@ -60,8 +60,9 @@ class WeightSyncScheme(ABC):
     """A way of moving weights from one learner to its collectors."""
 
     @abstractmethod
-    def sender(self, policy: nn.Module) -> WeightSender:
-        """Create the learner's sender for ``policy``; call once, before any receiver."""
+    def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
+        """Create the learner's sender for ``policy``; call once, before any receiver. The
+        policy's current weights are published as ``version`` (a resumed run's last version)."""
 
     @abstractmethod
     def receiver(self) -> WeightReceiver:

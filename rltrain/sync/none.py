@@ -13,8 +13,8 @@ class _NoSender(WeightSender):
 
 
 class _InitialWeightsReceiver(WeightReceiver):
-    def __init__(self, initial: FlatWeights):
-        self._initial = initial
+    def __init__(self, initial: FlatWeights, version: int):
+        self._initial, self.version = initial, version
 
     def connect(self, policy: nn.Module) -> None:
         self._initial.check_matches(policy)
@@ -29,11 +29,15 @@ class NoSync(WeightSyncScheme):
 
     def __init__(self):
         self._initial: FlatWeights | None = None
+        self._version = 0
 
-    def sender(self, policy: nn.Module) -> WeightSender:
+    def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
         self._initial = FlatWeights.like(policy, shared=False)
         self._initial.copy_from(named_weights(policy))
-        return _NoSender()
+        self._version = version
+        sender = _NoSender()
+        sender.version = version
+        return sender
 
     def receiver(self) -> WeightReceiver:
-        return _InitialWeightsReceiver(self._initial)
+        return _InitialWeightsReceiver(self._initial, self._version)

@@ -88,8 +88,8 @@ def _read_exact(fd: int, chunks: list[memoryview]) -> None:
 
 
 class _PipeReceiver(WeightReceiver):
-    def __init__(self, reader, initial: FlatWeights):
-        self._reader, self._initial = reader, initial
+    def __init__(self, reader, initial: FlatWeights, version: int = 0):
+        self._reader, self._initial, self.version = reader, initial, version
         self._header = bytearray(8)
         self._targets: list[memoryview] | None = None
 
@@ -128,12 +128,16 @@ class PipeSync(WeightSyncScheme):
     def __init__(self, timeout_s: float = 30.0):
         self.timeout_s = timeout_s
         self._initial: FlatWeights | None = None
+        self._initial_version = 0
         self._writers: list = []
 
-    def sender(self, policy: nn.Module) -> WeightSender:
+    def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
         self._initial = FlatWeights.like(policy, shared=False)
-        self._initial.copy_from(named_weights(policy))  # version 0 travels inside each receiver
-        return _PipeSender(policy, self._initial.layout, self._writers, self.timeout_s)
+        self._initial.copy_from(named_weights(policy))  # the initial version travels inside each receiver
+        self._initial_version = version
+        sender = _PipeSender(policy, self._initial.layout, self._writers, self.timeout_s)
+        sender.version = version
+        return sender
 
     def receiver(self) -> WeightReceiver:
         if self._initial is None:
@@ -144,4 +148,4 @@ class PipeSync(WeightSyncScheme):
         except OSError:
             pass  # above the system's pipe-max-size: keep the default
         self._writers.append(writer)
-        return _PipeReceiver(reader, self._initial)
+        return _PipeReceiver(reader, self._initial, self._initial_version)

@@ -118,11 +118,14 @@ class SharedMemSync(WeightSyncScheme):
         self.n_slots, self.timeout_s = slots, timeout_s
         self._shared: _Shared | None = None
 
-    def sender(self, policy: nn.Module) -> WeightSender:
+    def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
         slots = [FlatWeights.like(policy, shared=True) for _ in range(self.n_slots)]
-        slots[0].copy_from(named_weights(policy))  # version 0, the initial weights, in slot 0
+        slots[0].copy_from(named_weights(policy))  # the initial weights, in slot 0
         self._shared = _Shared(slots, self.timeout_s)
-        return _SharedMemSender(policy, self._shared)
+        self._shared.word.fill_(version * self.n_slots)
+        sender = _SharedMemSender(policy, self._shared)
+        sender.version = version
+        return sender
 
     def receiver(self) -> WeightReceiver:
         if self._shared is None:

@@ -1,0 +1,221 @@
+"""Checkpoint files: what goes in one, how it is written and found, and how a run resumes from it.
+
+A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/frames_<N>.pt``, holding plain
+tensors and Python values (it loads with ``weights_only=True``):
+
+- ``trainer``: counters, recent episode returns, the pending metric window, phase timings;
+- ``algo``: networks, optimizers, lr position, temperature, obs statistics, replay buffer;
+- ``collector``: the envs mid-episode (``collector=local``; worker envs start fresh episodes);
+- ``loggers``: e.g. the wandb run id, so a resumed run continues the same wandb run;
+- ``rng``: Python, numpy and torch (CPU and CUDA) generator states;
+- ``config``: the resolved config that wrote it (``resume=auto`` matches on it).
+
+Files are written to a temporary name and renamed, so a crash mid-write leaves the previous
+checkpoint intact.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rltrain.errors import CheckpointError
+
+log = logging.getLogger("rltrain")
+
+FORMAT = 1
+DIRNAME = "checkpoints"
+CONFIG_FILE = "config.json"  # the writing run's config, next to its checkpoints (for resume=auto)
+_NAME = re.compile(r"^frames_(\d+)\.pt$")
+
+
+def path_for(run_dir: Path, frames: int) -> Path:
+    return Path(run_dir) / DIRNAME / f"frames_{frames:012d}.pt"
+
+
+def save(path: Path, checkpoint: dict[str, Any]) -> None:
+    """Write atomically: to ``<name>.tmp`` first, synced to disk, then renamed over ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(checkpoint, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+
+
+def write_config(run_dir: Path, config: dict) -> None:
+    path = Path(run_dir) / DIRNAME / CONFIG_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(config, indent=1, sort_keys=True))
+
+
+def listing(run_dir: Path) -> list[Path]:
+    """The run's checkpoints, oldest (fewest frames) first."""
+    folder = Path(run_dir) / DIRNAME
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found)]
+
+
+def prune(run_dir: Path, keep_last: int) -> None:
+    for old in listing(run_dir)[:-keep_last]:
+        old.unlink(missing_ok=True)
+
+
+def find(resume: str | None, config: dict, runs_root: Path) -> Path | None:
+    """The checkpoint file ``resume`` designates: None (start fresh), ``auto`` (the newest
+    checkpoint of a run under ``runs_root`` with the same config, or None), a run dir, a
+    checkpoints dir, or a checkpoint file."""
+    if resume is None:
+        return None
+    if resume == "auto":
+        return _find_same_config(config, runs_root)
+    path = Path(resume).expanduser()
+    if path.is_file():
+        return path
+    if not path.exists():
+        raise CheckpointError(f"resume={resume}: no such file or directory; give a run dir (outputs/DATE/TIME), "
+                              "a checkpoint file, or resume=auto")
+    run_dir = path.parent if path.name == DIRNAME else path
+    found = listing(run_dir)
+    if not found:
+        raise CheckpointError(f"resume={resume}: {run_dir} holds no checkpoints (looked for "
+                              f"{run_dir / DIRNAME}/frames_*.pt); was hooks.checkpoint disabled in that run?")
+    return found[-1]
+
+
+def _find_same_config(config: dict, runs_root: Path) -> Path | None:
+    wanted = _comparable(config)
+    newest: tuple[float, Path] | None = None
+    for config_file in Path(runs_root).glob(f"**/{DIRNAME}/{CONFIG_FILE}"):
+        try:
+            if _comparable(json.loads(config_file.read_text())) != wanted:
+                continue
+        except (OSError, ValueError):
+            continue
+        found = listing(config_file.parent.parent)
+        if found and (newest is None or found[-1].stat().st_mtime > newest[0]):
+            newest = (found[-1].stat().st_mtime, found[-1])
+    if newest is None:
+        log.info("resume=auto: no earlier run of this config under %s; starting fresh", runs_root)
+        return None
+    return newest[1]
+
+
+def _comparable(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "resume"}
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Read a checkpoint (tensors to the CPU); a clear CheckpointError if it is not a readable one."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001  (truncated, corrupt, or not a torch file at all)
+        older = [p.name for p in listing(path.parent.parent) if p != path]
+        hint = f"; older checkpoints in that dir: {', '.join(older)} (resume=<file>)" if older else ""
+        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else 'no detail'}){hint}") from None
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
+        raise CheckpointError(f"{path} is not an rltrain checkpoint (format {FORMAT})")
+    return checkpoint
+
+
+def run_dir_of(path: Path) -> Path:
+    """The run dir a checkpoint file belongs to (``<run_dir>/checkpoints/<file>``)."""
+    return path.resolve().parent.parent
+
+
+def check_compatible(saved: Any, current: Any, where: str) -> None:
+    """Raise CheckpointError naming every tensor whose presence or shape differs between a
+    checkpoint's state and the freshly built one (a checkpoint from another config)."""
+    problems: list[str] = []
+    _compare(saved, current, where, problems)
+    problems.sort()
+    if problems:
+        shown = "; ".join(problems[:6]) + (f"; and {len(problems) - 6} more" if len(problems) > 6 else "")
+        raise CheckpointError(f"the checkpoint does not fit this config ({shown}). Resume with the config "
+                              "that wrote it (its .hydra/config.yaml), or start a new run")
+
+
+def _compare(saved: Any, current: Any, where: str, problems: list[str]) -> None:
+    if isinstance(current, torch.Tensor):
+        if not isinstance(saved, torch.Tensor):
+            problems.append(f"{where}: not a tensor in the checkpoint")
+        elif saved.shape != current.shape:
+            problems.append(f"{where}: checkpoint {list(saved.shape)}, this config {list(current.shape)}")
+    elif isinstance(current, dict):
+        if not isinstance(saved, dict):
+            problems.append(f"{where}: missing in the checkpoint")
+            return
+        if not current:  # e.g. a fresh optimizer's state: filled by loading, nothing to compare
+            return
+        for key in current.keys() - saved.keys():
+            if _holds_tensors(current[key]):
+                problems.append(f"{where}.{key}: missing in the checkpoint")
+        for key in saved.keys() - current.keys():
+            if _holds_tensors(saved[key]):
+                problems.append(f"{where}.{key}: in the checkpoint, not in this config")
+        for key in current.keys() & saved.keys():
+            _compare(saved[key], current[key], f"{where}.{key}", problems)
+
+
+def _holds_tensors(value: Any) -> bool:
+    if isinstance(value, torch.Tensor):
+        return True
+    return isinstance(value, dict) and any(_holds_tensors(v) for v in value.values())
+
+
+def config_changes(saved: dict, current: dict) -> list[str]:
+    """``key: old -> new`` for every config value that differs (e.g. a longer trainer.total_frames)."""
+    old, new = _flatten(_comparable(saved)), _flatten(_comparable(current))
+    return [f"{k}: {old.get(k, '<absent>')} -> {new.get(k, '<absent>')}"
+            for k in sorted(old.keys() | new.keys()) if old.get(k) != new.get(k)]
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(node, dict):
+        out = {}
+        for k, v in node.items():
+            out |= _flatten(v, f"{prefix}{k}.")
+        return out
+    return {prefix[:-1]: node}
+
+
+def rng_state() -> dict[str, Any]:
+    np_state = np.random.get_state()
+    state = {
+        "python": random.getstate(),
+        "numpy": (np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    kind, keys, *rest = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), *rest))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

@@ -1,0 +1,45 @@
+"""Folds the phase timer into the log rows (``time/<phase>``) and prints the end-of-run table."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+
+from rltrain.hooks.base import Hook
+from rltrain.timing import format_table
+
+log = logging.getLogger("rltrain")
+
+
+class TimingHook(Hook):
+    """Every ``every`` (each update by default), adds the seconds each phase took since its last
+    call to the metric window as ``time/<phase>``; the log row sums what fell into its window.
+
+    ``cuda_sync``: synchronize CUDA at phase boundaries, so GPU work is charged to the phase that
+    queued it rather than to whichever phase next waits for it.
+    """
+
+    phase = "hooks"
+
+    def __init__(self, every: Mapping[str, float] | None = None, cuda_sync: bool = False, table: bool = True):
+        super().__init__(every)
+        self.cuda_sync, self.table = cuda_sync, table
+
+    def on_start(self, state) -> None:
+        state.timer.cuda_sync = self.cuda_sync
+
+    def on_update(self, state) -> None:
+        self._fold(state)
+
+    def on_end(self, state) -> None:
+        self._fold(state)
+
+    def on_interrupt(self, state) -> None:
+        self._fold(state)
+
+    def _fold(self, state) -> None:
+        state.window.accumulate({f"time/{phase}": round(s, 6) for phase, s in state.timer.drain_window().items()})
+
+    def close(self, state, summary) -> None:
+        if self.table:
+            log.info("time per phase:\n%s", format_table(summary))

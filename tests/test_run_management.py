@@ -1,0 +1,251 @@
+"""Run management: checkpoints and exact resume, stop signals, timing, progress, eval videos, wandb resume."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+from rltrain import build, checkpoint
+from rltrain.errors import CheckpointError, ConfigError
+from tests.conftest import make_config, run_cli
+from tests.test_outputs import read_jsonl, read_wandb_records
+
+# Keys that measure the machine, not the learning: they differ between any two runs.
+_TIMED = ("time/", "perf/", "sync/push_ms")
+PPO_RUN = ("trainer.total_frames=12288", "trainer.stop_at_return=null", "seed=3",
+           "~hooks.log.every", "+hooks.log.every={frames:2048}")
+SAC_RUN = ("algo=sac", "env=pendulum", "env.num_envs=4", "collector.frames_per_batch=4", "algo.warmup_frames=200",
+           "algo.batch_size=64", "trainer.total_frames=800", "trainer.stop_at_return=null", "seed=3",
+           "~hooks.log.every", "+hooks.log.every={frames:100}")
+
+
+def signal_at(frames: int, sig: str = "SIGTERM", times: int = 1) -> tuple[str, ...]:
+    return ("+hooks.kill._target_=tests.hooks_for_tests.SignalAt", f"+hooks.kill.frames={frames}",
+            f"+hooks.kill.signal={sig}", f"+hooks.kill.times={times}")
+
+
+def learning_rows(run_dir: Path) -> list[dict]:
+    return [{k: v for k, v in row.items() if not k.startswith(_TIMED)} for row in read_jsonl(run_dir / "metrics.jsonl")]
+
+
+def test_a_run_stopped_by_sigterm_and_resumed_matches_an_uninterrupted_one(tmp_path):
+    full = run_cli(*PPO_RUN, "hydra.run.dir=outputs/full", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr
+    stopped = run_cli(*PPO_RUN, *signal_at(5000), "hydra.run.dir=outputs/split", cwd=tmp_path)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    split = tmp_path / "outputs/split"
+    assert "stopped by SIGTERM" in stopped.stderr and f"resume={split}" in stopped.stderr
+    summary = json.loads((split / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["frames"] == 5120  # the step under way was finished
+    assert [p.name for p in checkpoint.listing(split)] == ["frames_000000005120.pt"]
+
+    resumed = run_cli(*PPO_RUN, "resume=outputs/split", "hydra.run.dir=outputs/resume", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert not (tmp_path / "outputs/resume").exists()  # the run continued in its own dir
+    assert (split / "resumes").is_dir() and "resumed at 5,120 frames" in (split / "cli.log").read_text()
+    final = json.loads((split / "summary.json").read_text())
+    reference = json.loads((tmp_path / "outputs/full/summary.json").read_text())
+    assert final["status"] == "completed" and final["frames"] == reference["frames"] == 12288
+    assert final["updates"] == reference["updates"] and final["episodes"] == reference["episodes"]
+    # Every log row, losses included, as if the run had never stopped: no gap, no duplicate.
+    assert learning_rows(split) == learning_rows(tmp_path / "outputs/full")
+    assert final["eval_return"] == reference["eval_return"]
+
+
+def test_sac_resumes_exactly_with_its_replay_buffer(tmp_path):
+    reference = build(make_config(*SAC_RUN), run_dir=tmp_path / "full").fit()
+    stopped = build(make_config(*SAC_RUN, *signal_at(400)), run_dir=tmp_path / "split").fit()
+    assert stopped["status"] == "interrupted" and stopped["frames"] == 400
+    saved = checkpoint.load(checkpoint.listing(tmp_path / "split")[-1])
+    assert saved["algo"]["replay_buffer"]["size"] == 400  # past the warm-up: learning had started
+    final = build(make_config(*SAC_RUN, f"resume={tmp_path / 'split'}"), run_dir=tmp_path / "unused").fit()
+    assert not (tmp_path / "unused").exists()  # it continued in the checkpoint's run dir
+    assert final["frames"] == reference["frames"] == 800
+    assert learning_rows(tmp_path / "split") == learning_rows(tmp_path / "full")
+
+
+def test_a_second_signal_stops_at_once_without_a_checkpoint(tmp_path):
+    proc = run_cli(*PPO_RUN, *signal_at(5000, "SIGINT", times=2), "hydra.run.dir=outputs/run", cwd=tmp_path)
+    assert proc.returncode == 130, proc.stderr
+    assert "stopped at once" in proc.stderr
+    summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert checkpoint.listing(tmp_path / "outputs/run") == []
+
+
+def test_checkpoints_follow_their_schedule_and_keep_the_last_n(tmp_path):
+    cfg = make_config("trainer.total_frames=8192", "trainer.stop_at_return=null",
+                      "~hooks.checkpoint.every", "+hooks.checkpoint.every={frames:2048}", "hooks.checkpoint.keep_last=2")
+    build(cfg, run_dir=tmp_path).fit()
+    assert [p.name for p in checkpoint.listing(tmp_path)] == ["frames_000000006144.pt", "frames_000000008192.pt"]
+    assert not list((tmp_path / "checkpoints").glob("*.tmp"))
+    saved = checkpoint.load(checkpoint.listing(tmp_path)[-1])
+    assert saved["trainer"]["frames"] == 8192 and saved["algo_class"] == "PPO"
+    assert saved["config"]["trainer"]["total_frames"] == 8192
+
+
+def test_a_crash_while_writing_leaves_the_previous_checkpoint_intact(tmp_path, monkeypatch):
+    good = checkpoint.path_for(tmp_path, 100)
+    checkpoint.save(good, {"format": checkpoint.FORMAT, "weights": torch.ones(3)})
+
+    def dies_mid_write(obj, f):
+        f.write(b"PK\x03\x04 half a zip file")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(checkpoint.torch, "save", dies_mid_write)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save(checkpoint.path_for(tmp_path, 200), {"format": checkpoint.FORMAT})
+    assert checkpoint.listing(tmp_path) == [good]  # neither the new name nor a .tmp is left
+    assert list((tmp_path / "checkpoints").iterdir()) == [good]
+    assert torch.equal(checkpoint.load(good)["weights"], torch.ones(3))
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("finished")
+    build(make_config("trainer.total_frames=2048"), run_dir=run_dir).fit()
+    return run_dir
+
+
+def test_a_finished_run_can_be_extended(finished_run, tmp_path):
+    import shutil
+
+    run_dir = shutil.copytree(finished_run, tmp_path / "run")
+    summary = build(make_config("trainer.total_frames=4096", f"resume={run_dir}")).fit()
+    assert summary["frames"] == 4096 and summary["status"] == "completed"
+    frames = [row["frames"] for row in read_jsonl(run_dir / "metrics.jsonl")]
+    assert frames == sorted(frames) and frames[-1] == 4096 and frames.count(2048) <= 2
+
+
+@pytest.mark.parametrize("case, message", [
+    ("missing", "no such file or directory"),
+    ("no_checkpoints", "holds no checkpoints"),
+    ("corrupt", "is not a readable checkpoint"),
+    ("other_shapes", "does not fit this config"),
+])
+def test_bad_resume_targets_fail_clearly_and_change_nothing(finished_run, tmp_path, case, message):
+    import shutil
+
+    run_dir = shutil.copytree(finished_run, tmp_path / "run")
+    overrides = []
+    if case == "missing":
+        target = tmp_path / "nope"
+    elif case == "no_checkpoints":
+        shutil.rmtree(run_dir / "checkpoints")
+        target = run_dir
+    elif case == "corrupt":
+        ckpt = checkpoint.listing(run_dir)[-1]
+        ckpt.write_bytes(ckpt.read_bytes()[:1000])
+        target = ckpt
+    else:
+        overrides = ["algo.network.hidden_sizes=[32,32]"]
+        target = run_dir
+    before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    with pytest.raises(CheckpointError, match=message):
+        build(make_config(f"resume={target}", *overrides), run_dir=tmp_path / "new")
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_checkpoint_of_another_algo_is_refused_by_name(finished_run):
+    with pytest.raises(CheckpointError, match="holds a PPO run; this config builds SAC. Resume with algo=ppo"):
+        build(make_config("algo=sac", "env=pendulum", f"resume={finished_run}"))
+
+
+def test_cli_resume_errors_exit_2_and_leave_no_run_dir(tmp_path):
+    proc = run_cli("resume=outputs/nope", cwd=tmp_path)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("rltrain: cannot resume: resume=outputs/nope")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_resume_auto_picks_the_latest_run_of_the_same_config(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    same = ("trainer.total_frames=2048", "seed=5")
+    build(make_config(*same), run_dir="outputs/a").fit()
+    build(make_config("trainer.total_frames=2048", "seed=6"), run_dir="outputs/b").fit()  # another config
+    resumed = build(make_config(*same, "resume=auto"), run_dir="outputs/c")
+    assert resumed.state.run_dir == Path("outputs/a").resolve() and resumed.state.frames == 2048
+    assert resumed.fit()["status"] == "completed" and not Path("outputs/c").exists()
+    fresh = build(make_config("trainer.total_frames=1024", "seed=7", "resume=auto"), run_dir="outputs/d")
+    assert fresh.state.run_dir == Path("outputs/d") and fresh.state.frames == 0  # nothing to resume: a new run
+    fresh.fit()
+
+
+def test_timing_rows_add_up_to_the_run_totals_and_the_table_is_printed(tmp_path):
+    proc = run_cli("trainer.total_frames=8192", "trainer.stop_at_return=null", "hooks.log.every.seconds=0.2",
+                   "hydra.run.dir=outputs/run", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "outputs/run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    for phase in ("collect", "update", "sync", "eval"):  # each row holds its own window, none twice
+        logged = sum(row.get(f"time/{phase}", 0.0) for row in rows)
+        assert logged == pytest.approx(summary["time"][phase], rel=0.02, abs=2e-3), phase
+    assert sum(summary["time"].values()) == pytest.approx(summary["wall_time_s"], rel=0.05)
+    assert {"timing", "checkpoint", "progress"} <= summary["time_hooks"].keys()
+    assert summary["time"]["hooks"] == pytest.approx(sum(summary["time_hooks"].values()), abs=1e-3)
+    log = (run_dir / "cli.log").read_text()
+    assert "time per phase:" in log and "updates at" in log
+
+
+def test_progress_prints_plain_lines_without_a_terminal(tmp_path):
+    cfg = make_config("trainer.total_frames=4096", "trainer.stop_at_return=null",
+                      "~hooks.progress.every", "+hooks.progress.every={batches:2}")
+    trainer = build(cfg, run_dir=tmp_path)
+    lines = []
+    trainer.hooks["progress"].line = _spy(trainer.hooks["progress"].line, lines)
+    trainer.fit()
+    assert len(lines) == 4 and lines[-1].startswith("progress 4,096/4,096 frames (100.0%)")
+    assert "fps | return" in lines[0] and "ETA" in lines[0]
+
+
+def test_progress_bar_draws_on_request(tmp_path, capsys):
+    build(make_config("trainer.total_frames=2048", "hooks.progress.bar=true"), run_dir=tmp_path).fit()
+    err = capsys.readouterr().err
+    assert "frame/s" in err and "return" in err, err[-500:]
+
+
+def _spy(method, calls):
+    def wrapper(*args, **kwargs):
+        out = method(*args, **kwargs)
+        calls.append(out)
+        return out
+    return wrapper
+
+
+def test_eval_records_a_video_of_the_deterministic_policy(tmp_path):
+    cfg = make_config("trainer.total_frames=1024", "hooks.eval.video=true", "hooks.eval.episodes=2")
+    build(cfg, run_dir=tmp_path).fit()
+    videos = list((tmp_path / "videos").glob("*.mp4"))
+    assert [v.name for v in videos] == ["eval-frames_000000001024-episode-0.mp4"]
+    assert videos[0].stat().st_size > 1000
+
+
+def test_eval_video_without_moviepy_is_a_clear_config_error(monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "moviepy" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"hooks.eval.video=true .* needs moviepy: pip install 'rltrain\[video\]'"):
+        build(make_config("hooks.eval.video=true"))
+
+
+def test_a_resumed_run_continues_the_same_wandb_run(tmp_path):
+    run = ("logger=[console,wandb]", *PPO_RUN[:3])
+    build(make_config(*run, *signal_at(3000)), run_dir=tmp_path / "run").fit()
+    build(make_config(*run, f"resume={tmp_path / 'run'}")).fit()
+    runs = sorted((tmp_path / "run" / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2
+    ids = {r.name.rsplit("-", 1)[1] for r in runs}
+    assert len(ids) == 1
+    history = []
+    for record in read_wandb_records(next(runs[-1].glob("*.wandb"))):
+        if record.WhichOneof("record_type") == "history":
+            history.append({i.key or ".".join(i.nested_key): i.value_json for i in record.history.item})
+    assert any(key.startswith("timing.") for row in history for key in row)  # the table, as a wandb Table
+    assert max(json.loads(row["frames"]) for row in history if "frames" in row) == 12288
