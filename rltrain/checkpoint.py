@@ -72,8 +72,7 @@ def listing(run_dir: Path) -> list[Path]:
     folder = Path(run_dir) / DIRNAME
     if not folder.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in folder.iterdir() if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found)]
+    return sorted((p for p in folder.iterdir() if _NAME.match(p.name)), key=_frames)
 
 
 def prune(run_dir: Path, keep_last: int) -> None:
@@ -103,10 +102,15 @@ def find(resume: str | None, config: dict, runs_root: Path) -> Path | None:
     return found[-1]
 
 
+_SEARCH_DEPTH = 5  # run dirs up to outputs/multirun/DATE/TIME/N
+
+
 def _find_same_config(config: dict, runs_root: Path) -> Path | None:
     wanted = _comparable(config)
     newest: tuple[float, Path] | None = None
-    for config_file in Path(runs_root).glob(f"**/{DIRNAME}/{CONFIG_FILE}"):
+    candidates = [f for depth in range(_SEARCH_DEPTH)
+                  for f in Path(runs_root).glob("*/" * depth + f"{DIRNAME}/{CONFIG_FILE}")]
+    for config_file in candidates:
         try:
             if _comparable(json.loads(config_file.read_text())) != wanted:
                 continue
@@ -130,8 +134,8 @@ def load(path: Path) -> dict[str, Any]:
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001  (truncated, corrupt, or not a torch file at all)
-        older = [p.name for p in listing(path.parent.parent) if p != path]
-        hint = f"; older checkpoints in that dir: {', '.join(older)} (resume=<file>)" if older else ""
+        older = [p.name for p in listing(path.parent.parent) if _frames(p) < _frames(path)]
+        hint = f"; older checkpoints beside it: {', '.join(older)} (resume=<that file>)" if older else ""
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: "
                               f"{str(e).splitlines()[0] if str(e) else 'no detail'}){hint}") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
@@ -139,9 +143,30 @@ def load(path: Path) -> dict[str, Any]:
     return checkpoint
 
 
-def run_dir_of(path: Path) -> Path:
-    """The run dir a checkpoint file belongs to (``<run_dir>/checkpoints/<file>``)."""
-    return path.resolve().parent.parent
+def run_dir_of(path: Path) -> Path | None:
+    """The run dir a checkpoint file belongs to (``<run_dir>/checkpoints/<file>``); None for a file
+    elsewhere (a copied checkpoint starts a new run dir)."""
+    path = path.resolve()
+    return path.parent.parent if path.parent.name == DIRNAME else None
+
+
+def set_aside_newer(run_dir: Path, resumed: Path) -> None:
+    """Resuming from an older checkpoint starts a new branch: checkpoints past it go to
+    ``checkpoints/abandoned/`` so that nothing (keep_last, resume) mistakes them for this branch's."""
+    newer = [p for p in listing(run_dir) if _frames(p) > _frames(resumed)]
+    if not newer:
+        return
+    aside = Path(run_dir) / DIRNAME / "abandoned"
+    aside.mkdir(exist_ok=True)
+    for p in newer:
+        p.replace(aside / p.name)
+    log.warning("resumed from %s: the newer checkpoints %s were moved to %s", resumed.name,
+                ", ".join(p.name for p in newer), aside)
+
+
+def _frames(path: Path) -> int:
+    m = _NAME.match(path.name)
+    return int(m.group(1)) if m else -1
 
 
 def check_compatible(saved: Any, current: Any, where: str) -> None:

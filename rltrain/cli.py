@@ -12,8 +12,10 @@ from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from rltrain import checkpoint
 from rltrain.factory import build
 from rltrain.errors import CheckpointError, ConfigError
 
@@ -26,6 +28,7 @@ CONFIG_DIR = str(_PACKAGED if _PACKAGED.is_dir() else Path(__file__).parent.pare
 def run(cfg: DictConfig) -> float | None:
     """Train one run; returns the final evaluation return (what an optimizing sweeper maximizes)."""
     try:
+        _check_sweep_resume(cfg)
         trainer = build(cfg)
     except (ConfigError, CheckpointError) as e:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
@@ -35,26 +38,38 @@ def run(cfg: DictConfig) -> float | None:
         print(f"rltrain: {what}: {e}", file=sys.stderr)
         sys.exit(2)
     run_dir = trainer.state.run_dir
-    if HydraConfig.initialized() and run_dir.resolve() != Path(HydraConfig.get().runtime.output_dir).resolve():
-        _move_into_resumed_run(run_dir)
     try:
+        if HydraConfig.initialized() and run_dir.resolve() != Path(HydraConfig.get().runtime.output_dir).resolve():
+            _move_into_resumed_run(run_dir)
         summary = trainer.fit()
     except KeyboardInterrupt:
-        print(f"rltrain: stopped at once; summary written to {run_dir / 'summary.json'}", file=sys.stderr)
-        sys.exit(130)
+        signum = trainer.state.stop_signal or signal.SIGINT
+        print(f"rltrain: stopped at once by {signal.Signals(signum).name}; summary written to "
+              f"{run_dir / 'summary.json'}", file=sys.stderr)
+        sys.exit(128 + signum)
     if summary["status"] == "interrupted":
         signum = trainer.state.stop_signal or signal.SIGINT
-        print(f"rltrain: stopped by {signal.Signals(signum).name}; checkpoint and summary.json in {run_dir}. "
-              f"Continue with: python -m rltrain resume={run_dir} (plus the same overrides)", file=sys.stderr)
+        saved = [p for p in checkpoint.listing(run_dir) if p.name == checkpoint.path_for(run_dir, summary["frames"]).name]
+        where = (f"checkpoint {saved[0].name} and summary.json in {run_dir}. Continue with: python -m rltrain "
+                 f"resume={run_dir} (plus the same overrides)") if saved else (
+                 f"summary.json in {run_dir}; no checkpoint (hooks.checkpoint is off), so it cannot be resumed")
+        print(f"rltrain: stopped by {signal.Signals(signum).name}; {where}", file=sys.stderr)
         sys.exit(128 + signum)
     return summary["eval_return"]
+
+
+def _check_sweep_resume(cfg: DictConfig) -> None:
+    resume = cfg.get("resume")
+    if resume not in (None, "auto") and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+        raise ConfigError(f"resume={resume} continues one run, but this is a sweep (-m); use resume=auto, "
+                          "which continues each job's own run (the newest run with the same config)")
 
 
 def _move_into_resumed_run(run_dir: Path) -> None:
     """A resumed run continues in its old dir: keep this invocation's Hydra files there under
     ``resumes/<time>/``, send the log file there, and remove the dir Hydra made for it."""
     hydra_dir = Path(HydraConfig.get().runtime.output_dir)
-    target = run_dir / "resumes" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+    target = run_dir / "resumes" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
     target.mkdir(parents=True, exist_ok=True)
     for handler in logging.getLogger().handlers:
         if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == hydra_dir.resolve():

@@ -26,6 +26,7 @@ from rltrain import checkpoint
 from rltrain.envs import EnvSpec
 from rltrain.errors import CheckpointError
 from rltrain.loggers import JsonlLogger
+from rltrain.sync.base import named_weights
 from rltrain.trainer import Trainer
 from rltrain.validate import WIRING_KEYS, validate
 
@@ -43,7 +44,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
     fresh_dir = _default_run_dir(run_dir)
     ckpt_path = checkpoint.find(cfg.get("resume"), resolved, _runs_root(fresh_dir))
     saved = checkpoint.load(ckpt_path) if ckpt_path else None
-    run_dir = checkpoint.run_dir_of(ckpt_path) if ckpt_path else fresh_dir
+    run_dir = (checkpoint.run_dir_of(ckpt_path) if ckpt_path else None) or fresh_dir
     run_dir.mkdir(parents=True, exist_ok=True)
     _seed_everything(cfg.seed)
     if cfg.get("threads"):
@@ -65,7 +66,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
             _restore_algo(algo, saved, ckpt_path, resolved)
             version, frames = saved["trainer"]["version"], saved["frames"]
         scheme = _construct(_without(cfg.sync, WIRING_KEYS["sync"]))
-        sender = scheme.sender(policy, version=version)
+        sender = _sender_resuming(scheme, policy, version, saved)
         cleanup.callback(sender.close)
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
@@ -103,6 +104,8 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
             trainer.state.load_state_dict(saved["trainer"])
             checkpoint.set_rng_state(saved["rng"])  # last: building above draws random numbers
         cleanup.pop_all()
+    if saved is not None and checkpoint.run_dir_of(ckpt_path) == run_dir:
+        checkpoint.set_aside_newer(run_dir, ckpt_path)
     log.info("run dir %s | %s on %s | %s collector | device %s%s", run_dir, type(algo).__name__, env_spec.id,
              type(collector).__name__, device, f" | resumed at {frames:,} frames" if saved else "")
     return trainer
@@ -121,14 +124,31 @@ def _restore_algo(algo, saved: dict, path: Path, config: dict) -> None:
              "; changed: " + ", ".join(changes) if changes else "")
 
 
+def _sender_resuming(scheme, policy, version: int, saved: dict | None):
+    """The scheme's sender, publishing as ``version`` the weights the collectors acted with when
+    the checkpoint was taken (with sync.every > 1 or sync=none, not the learner's latest)."""
+    published = (saved or {}).get("published")
+    if published is None:
+        return scheme.sender(policy, version=version)
+    weights = named_weights(policy)
+    checkpoint.check_compatible(published, weights, "published")
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            tensor.copy_(published[name])
+        sender = scheme.sender(policy, version=version)  # copies what it publishes
+        policy.load_state_dict(saved["algo"]["policy"])  # the learner's own weights again
+    return sender
+
+
 def _restore_collector(collector, state: dict | None) -> None:
     if state is None or not hasattr(collector, "load_state_dict"):
         log.info("resume: the collector's envs start fresh episodes (their state was not saved)")
         return
     try:
         collector.load_state_dict(state)
-    except ValueError as e:  # e.g. env.num_envs changed
-        log.warning("resume: the collector's envs start fresh episodes (%s)", e)
+    except Exception as e:  # noqa: BLE001  (env.num_envs changed, an env package upgraded, ...)
+        log.warning("resume: the collector's envs start fresh episodes (their saved state does not load: %s: %s)",
+                    type(e).__name__, e)
 
 
 def _plain_partial(node: DictConfig, **kwargs) -> functools.partial:
@@ -179,12 +199,12 @@ def _default_run_dir(run_dir: str | Path | None) -> Path:
 
 
 def _runs_root(run_dir: Path) -> Path:
-    """Where resume=auto looks for earlier runs: the top dir of the run dirs (``outputs/``)."""
-    cwd = Path.cwd().resolve()
-    absolute = run_dir.resolve()
-    if cwd in absolute.parents:
+    """Where resume=auto looks for earlier runs: the top dir of the run dirs below the working dir
+    (``outputs/``), else the run dir's parent (its siblings)."""
+    cwd, absolute = Path.cwd().resolve(), run_dir.resolve()
+    if cwd in absolute.parents and absolute.parent != cwd:
         return cwd / absolute.relative_to(cwd).parts[0]
-    return absolute.parent.parent
+    return absolute.parent
 
 
 def _resolve_device(device: str) -> torch.device:

@@ -147,6 +147,8 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train until ``total_frames`` (or ``stop_at_return``); returns what it writes to summary.json."""
+        if self._already_finished():
+            return self._nothing_to_do()
         status = "failed: unknown"
         previous_handlers = self._catch_stop_signals()
         try:
@@ -167,11 +169,29 @@ class Trainer:
             status = f"failed: {type(e).__name__}: {e}"
             raise
         finally:
-            for signum, handler in previous_handlers.items():
-                signal.signal(signum, handler)
-            summary = self.summary(status)
-            self._write_summary(summary)
-            self._close(summary)
+            try:
+                summary = self.summary(status)
+                self._write_summary(summary)
+                self._close(summary)
+            finally:  # last: until everything is closed, a signal still means "stop at once"
+                for signum, handler in previous_handlers.items():
+                    signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        return summary
+
+    def _already_finished(self) -> bool:
+        """A resumed run that had already reached its frames or its target return."""
+        s = self.state
+        return s.frames >= s.total_frames or (self.stop_at_return is not None and s.solved_at_frames is not None)
+
+    def _nothing_to_do(self) -> dict[str, Any]:
+        s = self.state
+        why = (f"reached its {s.total_frames:,} frames (raise trainer.total_frames to train on)"
+               if s.frames >= s.total_frames else
+               f"was solved at {s.solved_at_frames:,} frames (trainer.stop_at_return=null trains on)")
+        log.info("nothing to do: this run already %s", why)
+        path = s.run_dir / "summary.json"
+        summary = json.loads(path.read_text()) if path.exists() else self.summary("completed")
+        self._close(summary)
         return summary
 
     def _catch_stop_signals(self) -> dict:
@@ -181,9 +201,10 @@ class Trainer:
             return {}
 
         def handle(signum, frame):
-            if self.state.stop_signal is not None:
-                raise KeyboardInterrupt
+            first = self.state.stop_signal is None
             self.state.stop_signal = signum
+            if not first:
+                raise KeyboardInterrupt
             log.warning("%s: stopping after the current step (again to stop at once)", signal.Signals(signum).name)
 
         return {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
@@ -285,8 +306,13 @@ class Trainer:
         closers = [self.collector.close]
         closers += [functools.partial(hook.close, self.state, summary) for hook in self.hooks.values()]
         closers += [functools.partial(logger.close, summary) for logger in self.loggers]
+        stopped_at_once = None
         for close in closers:
             try:
                 close()
+            except KeyboardInterrupt as e:  # a second Ctrl-C: still close the rest, then stop
+                stopped_at_once = e
             except Exception as e:  # noqa: BLE001
                 log.error("error while closing the run: %s", e)
+        if stopped_at_once is not None:
+            raise stopped_at_once

@@ -77,3 +77,16 @@ class FaultyEnv(gym.Env):
 
 
 gym.register("Faulty-v0", entry_point=FaultyEnv, max_episode_steps=1000)
+
+
+class UnpicklableCartPole(gym.envs.classic_control.CartPoleEnv):
+    """CartPole holding a lock, as envs wrapping a simulator connection do: it cannot be pickled."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        import threading
+
+        self.lock = threading.Lock()
+
+
+gym.register("UnpicklableCartPole-v0", entry_point=UnpicklableCartPole, max_episode_steps=500)

@@ -6,12 +6,16 @@ Only numpy, torch and the env here: worker processes import this without tensord
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 from torch import nn
 
 from rltrain.envs.batched import BatchedEnv, EnvSpec
 from rltrain.sync.base import WeightReceiver
+
+log = logging.getLogger("rltrain")
 
 # Per-frame arrays of a batch of shape [T, N]. ``next_observation`` becomes ("next", "observation").
 FRAME_KEYS = ("observation", "next_observation", "action", "log_prob", "reward", "terminated", "truncated",
@@ -57,6 +61,7 @@ class Rollout:
         self._obs = env.reset().copy()
         self._ep_return = np.zeros(env.num_envs, dtype=np.float32)
         self._ep_length = np.zeros(env.num_envs, dtype=np.int64)
+        self._warned_unsaveable = False
 
     def collect(self, out: dict[str, np.ndarray]) -> None:
         """Fill ``out`` (arrays shaped as ``frame_layout``) with ``len(out["reward"])`` steps."""
@@ -90,6 +95,10 @@ class Rollout:
         """Where every env is mid-episode, or None if the env's state cannot be captured."""
         envs = self.env.state_dict()
         if envs is None:
+            if not self._warned_unsaveable:
+                self._warned_unsaveable = True
+                log.warning("the state of %s envs cannot be saved (not picklable): a resumed run starts "
+                            "them on fresh episodes", self.env.id)
             return None
         return {"envs": envs, "obs": torch.from_numpy(self._obs.copy()),
                 "episode_return": torch.from_numpy(self._ep_return.copy()),

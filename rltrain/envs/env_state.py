@@ -17,20 +17,23 @@ import numpy as np
 
 
 def capture(env: gym.Env) -> bytes | None:
-    """The env's state, or None if this kind of env cannot be captured."""
+    """The env's state, or None if this env cannot be captured (say, it holds a lock or a socket)."""
     base = env.unwrapped
     state = {"env": env, "base_rng": None, "mujoco": None}
-    if isinstance(base, gym.utils.EzPickle):
-        if not _is_mujoco(base):
-            return None
-        import mujoco
+    try:
+        if isinstance(base, gym.utils.EzPickle):
+            if not _is_mujoco(base):
+                return None
+            import mujoco
 
-        spec = mujoco.mjtState.mjSTATE_INTEGRATION
-        physics = np.empty(mujoco.mj_stateSize(base.model, spec))
-        mujoco.mj_getState(base.model, base.data, physics, spec)
-        state["mujoco"] = physics
-        state["base_rng"] = base.np_random.bit_generator.state
-    return pickle.dumps(state)
+            spec = mujoco.mjtState.mjSTATE_INTEGRATION
+            physics = np.empty(mujoco.mj_stateSize(base.model, spec))
+            mujoco.mj_getState(base.model, base.data, physics, spec)
+            state["mujoco"] = physics
+            state["base_rng"] = base.np_random.bit_generator.state
+        return pickle.dumps(state)
+    except Exception:  # noqa: BLE001  (pickle fails in many ways: TypeError, PicklingError, AttributeError)
+        return None
 
 
 def restore(blob: bytes) -> gym.Env:

@@ -10,6 +10,7 @@ from pathlib import Path
 from rltrain import checkpoint
 from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
+from rltrain.sync import WeightSender
 
 log = logging.getLogger("rltrain")
 
@@ -27,6 +28,7 @@ class CheckpointHook(Hook):
         algo,
         collector,
         loggers: Sequence[Logger],
+        sender: WeightSender,
         run_dir: str | Path,
         config: dict,
         every: Mapping[str, float] | None = None,
@@ -36,7 +38,7 @@ class CheckpointHook(Hook):
     ):
         super().__init__(every)
         self.enabled = every is not None
-        self.algo, self.collector, self.loggers = algo, collector, list(loggers)
+        self.algo, self.collector, self.loggers, self.sender = algo, collector, list(loggers), sender
         self.run_dir, self.config = Path(run_dir), config
         self.keep_last, self.replay_buffer, self.at_end = keep_last, replay_buffer, at_end
 
@@ -64,6 +66,7 @@ class CheckpointHook(Hook):
             "algo_class": type(self.algo).__name__,
             "trainer": state.state_dict(),
             "algo": self.algo.state_dict(**algo_kwargs),
+            "published": self.sender.published(),  # what collectors act with (older with sync.every > 1)
             "collector": self.collector.state_dict() if hasattr(self.collector, "state_dict") else None,
             "loggers": {_class_path(lg): lg.state_dict() for lg in self.loggers},
             "rng": checkpoint.rng_state(),

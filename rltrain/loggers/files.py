@@ -34,18 +34,33 @@ class JsonlLogger(Logger):
     def __init__(self, run_dir: str | Path, filename: str = "metrics.jsonl", resume: dict | None = None):
         self.path = Path(run_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if resume is not None and self.path.exists():
-            kept = [line for line in self.path.read_text().splitlines(keepends=True)
-                    if line.strip() and json.loads(line)["frames"] <= resume["frames"]]
-            _replace_text(self.path, "".join(kept))
-        self._file = self.path.open("a")
+        self._resume_frames = None if resume is None else resume["frames"]
+        self._file = None  # opened at the first row: a run that fails to start changes nothing
 
     def log(self, row: dict[str, float], step: int) -> None:
+        if self._file is None:
+            if self._resume_frames is not None and self.path.exists():
+                _replace_text(self.path, "".join(_rows_up_to(self.path, self._resume_frames)))
+            self._file = self.path.open("a")
         self._file.write(json.dumps(json_safe(row)) + "\n")
         self._file.flush()
 
     def close(self, summary: dict[str, Any] | None = None) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def _rows_up_to(path: Path, frames: int) -> list[str]:
+    """The lines of a metrics.jsonl up to ``frames``; a line torn by a crash mid-write is dropped."""
+    kept = []
+    for line in path.read_text().splitlines(keepends=True):
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue
+        if row.get("frames", 0) <= frames:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    return kept
 
 
 class CsvLogger(Logger):
@@ -57,18 +72,25 @@ class CsvLogger(Logger):
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._rows: list[dict[str, float]] = []
         self._columns: list[str] = []
-        if resume is not None and self.path.exists():
+        self._rewrite = False
+        if resume is not None and self.path.exists():  # kept in memory; the file is rewritten at the next row
             with self.path.open(newline="") as f:
                 reader = csv.DictReader(f)
                 self._columns = list(reader.fieldnames or [])
-                self._rows = [{k: float(v) for k, v in row.items() if v != ""} for row in reader
-                              if float(row["frames"]) <= resume["frames"]]
-            self._write(self._rows, "w", header=True)
+                for row in reader:
+                    try:
+                        values = {k: float(v) for k, v in row.items() if k and v not in ("", None)}
+                    except ValueError:  # a row torn by a crash mid-write
+                        continue
+                    if values.get("frames", 0) <= resume["frames"]:
+                        self._rows.append(values)
+            self._rewrite = True
 
     def log(self, row: dict[str, float], step: int) -> None:
         self._rows.append(row)
         new = [k for k in row if k not in self._columns]
-        if new or not self.path.exists():
+        if new or self._rewrite or not self.path.exists():
+            self._rewrite = False
             self._columns += new
             self._write(self._rows, "w", header=True)
         else:

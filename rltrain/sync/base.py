@@ -32,6 +32,11 @@ class WeightSender(ABC):
     def push(self) -> int:
         """Snapshot the learner's policy and publish it; returns the new version."""
 
+    def published(self) -> dict[str, torch.Tensor] | None:
+        """A copy of the weights collectors currently act with (for checkpoints), or None if this
+        scheme keeps no copy of them (then they are the learner's weights as of the last push)."""
+        return None
+
     def close(self) -> None:
         """Release what the sender holds."""
 

@@ -8,8 +8,14 @@ from rltrain.sync.base import FlatWeights, WeightReceiver, WeightSender, WeightS
 
 
 class _NoSender(WeightSender):
+    def __init__(self, initial: FlatWeights):
+        self._initial = initial
+
     def push(self) -> int:
         return self.version
+
+    def published(self) -> dict:
+        return {name: view.clone() for name, view in self._initial.views.items()}
 
 
 class _InitialWeightsReceiver(WeightReceiver):
@@ -35,7 +41,7 @@ class NoSync(WeightSyncScheme):
         self._initial = FlatWeights.like(policy, shared=False)
         self._initial.copy_from(named_weights(policy))
         self._version = version
-        sender = _NoSender()
+        sender = _NoSender(self._initial)
         sender.version = version
         return sender
 

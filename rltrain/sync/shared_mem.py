@@ -82,6 +82,11 @@ class _SharedMemSender(WeightSender):
         self.version, self.pushes = version, self.pushes + 1
         return version
 
+    def published(self) -> dict[str, torch.Tensor]:
+        # The published slot is never written while it is published, and pushes happen on this thread.
+        slot = self._shared.slots[int(self._shared.word) % len(self._shared.slots)]
+        return {name: view.clone() for name, view in slot.views.items()}
+
 
 class _SharedMemReceiver(WeightReceiver):
     def __init__(self, shared: _Shared, pin: torch.Tensor):
