@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.envs.classic_control import CartPoleEnv
 
 
 class CountingEnv(gym.Env):
@@ -79,7 +80,7 @@ class FaultyEnv(gym.Env):
 gym.register("Faulty-v0", entry_point=FaultyEnv, max_episode_steps=1000)
 
 
-class UnpicklableCartPole(gym.envs.classic_control.CartPoleEnv):
+class UnpicklableCartPole(CartPoleEnv):
     """CartPole holding a lock, as envs wrapping a simulator connection do: it cannot be pickled."""
 
     def __init__(self, **kwargs):

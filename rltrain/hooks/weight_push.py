@@ -20,8 +20,9 @@ class WeightPushHook(Hook):
 
     def on_update(self, state) -> None:
         t0 = time.perf_counter()
-        state.version = self.sender.push()
-        state.pushes += 1
+        version = self.sender.push()
+        if version != state.version:  # sync=none publishes nothing
+            state.version, state.pushes = version, state.pushes + 1
         state.window.add({"sync/push_ms": (time.perf_counter() - t0) * 1e3})
 
     def close(self, state, summary) -> None:
