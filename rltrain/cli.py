@@ -49,7 +49,8 @@ def run(cfg: DictConfig) -> float | None:
         sys.exit(128 + signum)
     if summary["status"] == "interrupted":
         signum = trainer.state.stop_signal or signal.SIGINT
-        saved = [p for p in checkpoint.listing(run_dir) if p.name == checkpoint.path_for(run_dir, summary["frames"]).name]
+        last = checkpoint.path_for(run_dir, summary["frames"])
+        saved = [p for p in checkpoint.listing(run_dir) if p.name == last.name]
         where = (f"checkpoint {saved[0].name} and summary.json in {run_dir}. Continue with: python -m rltrain "
                  f"resume={run_dir} (plus the same overrides)") if saved else (
                  f"summary.json in {run_dir}; no checkpoint (hooks.checkpoint is off), so it cannot be resumed")

@@ -76,18 +76,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
         if saved is not None:
             _restore_collector(collector, saved.get("collector"))
 
-        logger_states = (saved or {}).get("loggers", {})
-
-        def resume_for(target: str) -> dict | None:
-            return None if saved is None else {**logger_states.get(target, {}), "frames": frames}
-
-        loggers = [JsonlLogger(run_dir, resume=resume_for("rltrain.loggers.files.JsonlLogger"))]
-        cleanup.callback(loggers[-1].close)
-        for node in (cfg.get("logger") or {}).values():
-            target = get_class(node._target_)
-            loggers.append(_instantiate_with(node, run_dir=run_dir, config=resolved,
-                                             resume=resume_for(f"{target.__module__}.{target.__qualname__}")))
-            cleanup.callback(loggers[-1].close)
+        loggers = _build_loggers(cfg, run_dir, resolved, saved, cleanup)
         runtime = {"policy": policy, "sender": sender, "loggers": loggers, "device": device,
                    "make_env": functools.partial(make_env, seed=cfg.seed + 1_000_000),
                    "env_spec": env_spec, "run_dir": run_dir, "algo": algo, "collector": collector,
@@ -109,6 +98,23 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
     log.info("run dir %s | %s on %s | %s collector | device %s%s", run_dir, type(algo).__name__, env_spec.id,
              type(collector).__name__, device, f" | resumed at {frames:,} frames" if saved else "")
     return trainer
+
+
+def _build_loggers(cfg: DictConfig, run_dir: Path, config: dict, saved: dict | None, cleanup: ExitStack) -> list:
+    """metrics.jsonl's logger plus ``cfg.logger``'s; in a resumed run each gets ``resume``: its
+    checkpointed state and the checkpoint's frame count."""
+    def resume_for(cls: type) -> dict | None:
+        if saved is None:
+            return None
+        return {**saved.get("loggers", {}).get(f"{cls.__module__}.{cls.__qualname__}", {}), "frames": saved["frames"]}
+
+    loggers = [JsonlLogger(run_dir, resume=resume_for(JsonlLogger))]
+    cleanup.callback(loggers[-1].close)
+    for node in (cfg.get("logger") or {}).values():
+        resume = resume_for(get_class(node._target_))
+        loggers.append(_instantiate_with(node, run_dir=run_dir, config=config, resume=resume))
+        cleanup.callback(loggers[-1].close)
+    return loggers
 
 
 def _restore_algo(algo, saved: dict, path: Path, config: dict) -> None:

@@ -116,6 +116,18 @@ def test_envs_that_cannot_be_saved_restart_their_episodes_on_resume(tmp_path, ca
     assert "start fresh episodes" in caplog.text
 
 
+def test_metrics_csv_continues_like_metrics_jsonl(tmp_path):
+    import csv
+
+    build(make_config(*PPO_RUN, "logger=csv", *signal_at(5000)), run_dir=tmp_path).fit()
+    build(make_config(*PPO_RUN, "logger=csv", f"resume={tmp_path}")).fit()
+    with (tmp_path / "metrics.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["frames"]) for r in rows] == [row["frames"] for row in read_jsonl(tmp_path / "metrics.jsonl")]
+    assert [float(r["loss/policy"]) for r in rows if r["loss/policy"]] == pytest.approx(
+        [row["loss/policy"] for row in read_jsonl(tmp_path / "metrics.jsonl") if "loss/policy" in row])
+
+
 def test_a_torn_last_metrics_line_does_not_stop_a_resume(tmp_path):
     build(make_config(*PPO_RUN, *signal_at(5000)), run_dir=tmp_path).fit()
     with (tmp_path / "metrics.jsonl").open("a") as f:
