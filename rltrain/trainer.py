@@ -39,7 +39,6 @@ class MetricWindow:
     def __init__(self):
         self._sums: dict[str, float] = defaultdict(float)
         self._counts: dict[str, int] = defaultdict(int)
-
         self._totals: dict[str, float] = defaultdict(float)
 
     def add(self, metrics: Mapping[str, float]) -> None:

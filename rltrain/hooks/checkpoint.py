@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rltrain import checkpoint
+from rltrain.errors import ConfigError
 from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
 from rltrain.sync import WeightSender
@@ -37,6 +39,11 @@ class CheckpointHook(Hook):
         at_end: bool = True,
     ):
         super().__init__(every)
+        for method in ("state_dict", "load_state_dict"):
+            if not callable(getattr(algo, method, None)):
+                raise ConfigError(f"hooks.checkpoint: the algo ({type(algo).__name__}) has no {method}(), so its "
+                                  "state cannot be saved; add state_dict/load_state_dict, or drop the hook with "
+                                  "'~hooks.checkpoint'")
         self.enabled = every is not None
         self.algo, self.collector, self.loggers, self.sender = algo, collector, list(loggers), sender
         self.run_dir, self.config = Path(run_dir), config
@@ -68,7 +75,7 @@ class CheckpointHook(Hook):
             "algo": self.algo.state_dict(**algo_kwargs),
             "published": self.sender.published(),  # what collectors act with (older with sync.every > 1)
             "collector": self.collector.state_dict() if hasattr(self.collector, "state_dict") else None,
-            "loggers": {_class_path(lg): lg.state_dict() for lg in self.loggers},
+            "loggers": {_class_path(lg): lg.state_dict() for lg in self.loggers if hasattr(lg, "state_dict")},
             "rng": checkpoint.rng_state(),
             "config": self.config,
         })
@@ -78,8 +85,6 @@ class CheckpointHook(Hook):
 
 
 def _takes_replay_buffer(algo) -> bool:
-    import inspect
-
     return "replay_buffer" in inspect.signature(algo.state_dict).parameters
 
 
