@@ -82,6 +82,24 @@ def test_resume_is_exact_when_collectors_act_with_older_weights(tmp_path, sync):
     assert final["sync"] == reference["sync"]  # pushes and versions counted across the sessions
 
 
+def test_lock_step_workers_resume_exactly_and_async_ones_on_fresh_episodes(tmp_path, caplog):
+    caplog.set_level("INFO", logger="rltrain")
+    run = (*PPO_RUN, "collector=sync", "collector.workers=2", "collector.envs_per_worker=4")
+    build(make_config(*run), run_dir=tmp_path / "full").fit()
+    build(make_config(*run, *signal_at(5000)), run_dir=tmp_path / "split").fit()
+    saved = checkpoint.load(checkpoint.listing(tmp_path / "split")[-1])
+    assert len(saved["collector"]["workers"]) == 2  # each worker's envs and generator
+    build(make_config(*run, f"resume={tmp_path / 'split'}")).fit()
+    assert learning_rows(tmp_path / "split") == learning_rows(tmp_path / "full")
+
+    run = (*PPO_RUN, "collector=async")
+    build(make_config(*run, *signal_at(5000)), run_dir=tmp_path / "async").fit()
+    assert checkpoint.load(checkpoint.listing(tmp_path / "async")[-1])["collector"] is None
+    summary = build(make_config(*run, f"resume={tmp_path / 'async'}")).fit()
+    assert summary["status"] == "completed" and summary["frames"] >= 12288
+    assert "envs start fresh episodes" in caplog.text
+
+
 def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     run = ("trainer.total_frames=6144", "trainer.stop_at_return=null",
            "~hooks.checkpoint.every", "+hooks.checkpoint.every={frames:2048}", "hooks.checkpoint.keep_last=5")

@@ -70,7 +70,8 @@ class MultiprocessCollector:
                 self._receivers.append(make_receiver())
                 proc = ctx.Process(
                     target=worker_main, name=f"rltrain-collector-{i}", daemon=True,
-                    args=(i, child_conn, worker_env, make_policy, self._receivers[-1], self._buffers[i], mode),
+                    args=(i, child_conn, worker_env, make_policy, self._receivers[-1], self._buffers[i], mode,
+                          seed + 10_000 + i),
                 )
                 try:
                     proc.start()
@@ -144,10 +145,36 @@ class MultiprocessCollector:
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
         raise CollectorError(f"collector worker {i} (pid {proc.pid}) died ({how})")
 
-    def state_dict(self) -> None:
-        """Worker envs are not saved: a resumed run starts them on fresh episodes (the factory
-        reseeds them, so they do not replay the first run's)."""
-        return None
+    def state_dict(self) -> dict | None:
+        """sync mode: every worker's envs mid-episode and its sampling generator, asked for between
+        batches. async workers never pause, so theirs are not saved: a resumed run starts them on
+        fresh episodes (the factory reseeds them so they do not replay the first run's)."""
+        if self.mode != "sync":
+            return None
+        states = self._ask_all(("state",), "state")
+        return None if any(s is None for s in states) else {"workers": states}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.mode != "sync":
+            raise ValueError("collector=async does not restore worker envs")
+        if len(state["workers"]) != self.workers:
+            raise ValueError(f"the checkpoint holds {len(state['workers'])} workers' envs, this collector has "
+                             f"{self.workers}")
+        errors = self._ask_all([("load", s) for s in state["workers"]], "loaded")
+        failed = [f"worker {i}: {e}" for i, e in enumerate(errors) if e is not None]
+        if failed:
+            raise ValueError("; ".join(failed))
+
+    def _ask_all(self, messages, what: str) -> list:
+        """Send each worker its message (one for all, or a list) and return their answers in order."""
+        for i, conn in enumerate(self._conns):
+            conn.send(messages[i] if isinstance(messages, list) else messages)
+        answers, pending = [None] * self.workers, set(range(self.workers))
+        while pending:
+            for i, msg in self._wait(pending, what):
+                answers[i] = msg[1]
+                pending.discard(i)
+        return answers
 
     def close(self) -> None:
         for conn in self._conns:

@@ -1,8 +1,9 @@
 """The body of one collector worker process: build env and policy, connect weights, collect on demand.
 
 Messages on the worker's pipe, learner -> worker: ``("collect",)`` (sync mode), ``("free", slot)``
-(async mode: the learner has copied that buffer out), ``("close",)``. Worker -> learner:
-``("ready",)``, ``("batch", slot)``, ``("error", traceback_text)``. Frames travel through the
+(async mode: the learner has copied that buffer out), ``("state",)`` and ``("load", state)``
+(sync mode, between batches: for checkpoints), ``("close",)``. Worker -> learner: ``("ready",)``,
+``("batch", slot)``, ``("state", state)``, ``("loaded", error_or_None)``, ``("error", traceback_text)``. Frames travel through the
 shared-memory buffers, never through the pipe.
 """
 
@@ -34,12 +35,14 @@ def worker_main(
     receiver,
     buffers: list[dict[str, torch.Tensor]],
     mode: str,
+    seed: int = 0,
 ) -> None:
     # Ctrl-C (or a scheduler's SIGTERM) reaches the whole process group; the learner finishes its
     # step, checkpoints and then stops its workers. A worker also exits once the learner is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(1)
+    torch.manual_seed(seed)  # the policy's action sampling: lock-step runs repeat exactly
     env = None
     try:
         env = make_env()
@@ -50,9 +53,14 @@ def worker_main(
         conn.send(("ready",))
         if mode == "sync":
             while True:
-                _recv(conn, receiver)  # ("collect",)
-                rollout.collect(arrays[0])
-                conn.send(("batch", 0))
+                msg = _recv(conn, receiver)
+                if msg[0] == "collect":
+                    rollout.collect(arrays[0])
+                    conn.send(("batch", 0))
+                elif msg[0] == "state":
+                    conn.send(("state", _save(rollout)))
+                elif msg[0] == "load":
+                    conn.send(("loaded", _load(rollout, msg[1])))
         else:
             free = list(range(len(arrays)))
             while True:
@@ -75,6 +83,22 @@ def worker_main(
         receiver.close()
         if env is not None:
             env.close()
+
+
+def _save(rollout: Rollout) -> dict | None:
+    """The worker's share of a checkpoint: its envs mid-episode and its sampling generator."""
+    envs = rollout.state_dict()
+    return None if envs is None else {"rollout": envs, "torch_rng": torch.get_rng_state()}
+
+
+def _load(rollout: Rollout, state: dict) -> str | None:
+    """Restore ``_save``'s state; on failure keep the fresh envs and return why (the worker lives on)."""
+    try:
+        rollout.load_state_dict(state["rollout"])
+    except Exception as e:  # noqa: BLE001
+        return f"{type(e).__name__}: {e}"
+    torch.set_rng_state(state["torch_rng"])
+    return None
 
 
 def _recv(conn, receiver) -> tuple:
