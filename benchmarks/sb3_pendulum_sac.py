@@ -28,9 +28,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--total", type=int, default=20_000)
+    parser.add_argument("--width", type=int, default=256)
     args = parser.parse_args()
     model = SAC("MlpPolicy", "Pendulum-v1", learning_rate=1e-3, batch_size=256, train_freq=1, gradient_steps=1,
-                seed=args.seed, device="cpu", verbose=0)
+                seed=args.seed, device="cpu", verbose=0,
+                policy_kwargs=dict(net_arch=[args.width, args.width]))
     callback = StopAtReturn(-200.0)
     t0 = time.perf_counter()
     model.learn(args.total, callback=callback)
