@@ -21,6 +21,7 @@ import logging
 import os
 import random
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -156,8 +157,8 @@ def set_aside_newer(run_dir: Path, resumed: Path) -> None:
     newer = [p for p in listing(run_dir) if _frames(p) > _frames(resumed)]
     if not newer:
         return
-    aside = Path(run_dir) / DIRNAME / "abandoned"
-    aside.mkdir(exist_ok=True)
+    aside = Path(run_dir) / DIRNAME / "abandoned" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
+    aside.mkdir(parents=True)
     for p in newer:
         p.replace(aside / p.name)
     log.warning("resumed from %s: the newer checkpoints %s were moved to %s", resumed.name,

@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint
 from rltrain.envs import EnvSpec
-from rltrain.errors import CheckpointError
+from rltrain.errors import CheckpointError, CollectorError
 from rltrain.loggers import JsonlLogger
 from rltrain.sync.base import named_weights
 from rltrain.trainer import Trainer
@@ -139,10 +139,12 @@ def _sender_resuming(scheme, policy, version: int, saved: dict | None):
     weights = named_weights(policy)
     checkpoint.check_compatible(published, weights, "published")
     with torch.no_grad():
+        live = {name: tensor.clone() for name, tensor in weights.items()}
         for name, tensor in weights.items():
             tensor.copy_(published[name])
         sender = scheme.sender(policy, version=version)  # copies what it publishes
-        policy.load_state_dict(saved["algo"]["policy"])  # the learner's own weights again
+        for name, tensor in weights.items():  # the learner's own weights again
+            tensor.copy_(live[name])
     return sender
 
 
@@ -152,6 +154,8 @@ def _restore_collector(collector, state: dict | None) -> None:
         return
     try:
         collector.load_state_dict(state)
+    except (CollectorError, OSError):  # a worker died or stopped answering: not a matter of fresh episodes
+        raise
     except Exception as e:  # noqa: BLE001  (env.num_envs changed, an env package upgraded, ...)
         log.warning("resume: the collector's envs start fresh episodes (their saved state does not load: %s: %s)",
                     type(e).__name__, e)

@@ -146,7 +146,7 @@ class Trainer:
 
     def fit(self) -> dict[str, Any]:
         """Train until ``total_frames`` (or ``stop_at_return``); returns what it writes to summary.json."""
-        if self._already_finished():
+        if self._already_finished() and self._saved_status() == "completed":
             return self._nothing_to_do()
         status = "failed: unknown"
         previous_handlers = self._catch_stop_signals()
@@ -155,7 +155,7 @@ class Trainer:
                 hook.schedule.catch_up(self.state)  # a resumed run: no hook fires for the past
             self._fire("start")
             self._loop()
-            if self.state.stop_signal is None:
+            if self.state.stop_signal is None or self._already_finished():  # a signal in the last step
                 self._fire("end")
                 status = "completed"
             else:
@@ -188,10 +188,16 @@ class Trainer:
                if s.frames >= s.total_frames else
                f"was solved at {s.solved_at_frames:,} frames (trainer.stop_at_return=null trains on)")
         log.info("nothing to do: this run already %s", why)
-        path = s.run_dir / "summary.json"
-        summary = json.loads(path.read_text()) if path.exists() else self.summary("completed")
+        summary = json.loads((s.run_dir / "summary.json").read_text())
         self._close(summary)
         return summary
+
+    def _saved_status(self) -> str | None:
+        """The status in the run dir's summary.json (a resumed run's previous session), if any."""
+        try:
+            return json.loads((self.state.run_dir / "summary.json").read_text()).get("status")
+        except (OSError, ValueError):
+            return None
 
     def _catch_stop_signals(self) -> dict:
         """SIGINT/SIGTERM: finish the current step, then stop (checkpoint, summary); a second one

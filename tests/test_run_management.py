@@ -68,11 +68,13 @@ def test_sac_resumes_exactly_with_its_replay_buffer(tmp_path):
     assert learning_rows(tmp_path / "split") == learning_rows(tmp_path / "full")
 
 
-@pytest.mark.parametrize("sync", ["shared_mem", "none"])
+@pytest.mark.parametrize("sync", ["shared_mem", "pipe", "none"])
 def test_resume_is_exact_when_collectors_act_with_older_weights(tmp_path, sync):
     """sync.every=3 (stopped between pushes) and sync=none: collectors act with weights older than
     the learner's; the checkpoint keeps those, so the resumed run acts as the uninterrupted one."""
-    run = (*PPO_RUN, f"sync={sync}", "sync.every=3" if sync == "shared_mem" else "trainer.total_frames=6144")
+    run = (*PPO_RUN, f"sync={sync}", "sync.every=3" if sync != "none" else "trainer.total_frames=6144")
+    if sync == "pipe":  # pipes reach worker processes only
+        run += ("collector=sync", "collector.workers=2", "collector.envs_per_worker=4")
     reference = build(make_config(*run), run_dir=tmp_path / "full").fit()
     stopped = build(make_config(*run, *signal_at(5000 if sync == "shared_mem" else 2500)),
                     run_dir=tmp_path / "split").fit()
@@ -108,8 +110,8 @@ def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     build(make_config(*run, f"resume={older}")).fit()
     assert [p.name for p in checkpoint.listing(tmp_path)] == [
         "frames_000000002048.pt", "frames_000000004096.pt", "frames_000000006144.pt"]  # this branch's
-    assert sorted(p.name for p in (tmp_path / "checkpoints" / "abandoned").iterdir()) == [
-        "frames_000000004096.pt", "frames_000000006144.pt"]
+    assert sorted(p.name for p in (tmp_path / "checkpoints" / "abandoned").glob("*/*")) == [
+        "frames_000000004096.pt", "frames_000000006144.pt"]  # under the time it was set aside
 
 
 def test_a_checkpoint_file_outside_a_run_starts_a_new_run_dir_from_it(finished_run, tmp_path):
@@ -138,12 +140,20 @@ def test_metrics_csv_continues_like_metrics_jsonl(tmp_path):
     import csv
 
     build(make_config(*PPO_RUN, "logger=csv", *signal_at(5000)), run_dir=tmp_path).fit()
+    with (tmp_path / "metrics.csv").open("a") as f:  # a row the stopped run wrote after its checkpoint
+        f.write("6144" + ",1" * (len((tmp_path / "metrics.csv").read_text().splitlines()[0].split(",")) - 1) + "\n")
     build(make_config(*PPO_RUN, "logger=csv", f"resume={tmp_path}")).fit()
     with (tmp_path / "metrics.csv").open(newline="") as f:
         rows = list(csv.DictReader(f))
-    assert [float(r["frames"]) for r in rows] == [row["frames"] for row in read_jsonl(tmp_path / "metrics.jsonl")]
+    assert [int(r["frames"]) for r in rows] == [row["frames"] for row in read_jsonl(tmp_path / "metrics.jsonl")]
     assert [float(r["loss/policy"]) for r in rows if r["loss/policy"]] == pytest.approx(
         [row["loss/policy"] for row in read_jsonl(tmp_path / "metrics.jsonl") if "loss/policy" in row])
+
+
+def test_a_signal_during_the_last_step_still_completes_the_run(tmp_path):
+    summary = build(make_config(*PPO_RUN, *signal_at(12288)), run_dir=tmp_path).fit()
+    assert summary["status"] == "completed" and summary["frames"] == 12288
+    assert summary["eval_return"] is not None  # the final evaluation ran
 
 
 def test_a_torn_last_metrics_line_does_not_stop_a_resume(tmp_path):

@@ -82,7 +82,7 @@ class MultiprocessCollector:
                 self._receivers[-1].after_spawn()
             pending = set(range(workers))
             while pending:
-                for i, _msg in self._wait(pending, "ready signal"):
+                for i, _msg in self._wait(pending, "ready"):
                     pending.discard(i)
         except BaseException:
             self.close()
@@ -94,8 +94,8 @@ class MultiprocessCollector:
     def _sync_batches(self) -> Iterator[TensorDict]:
         everyone = set(range(self.workers))
         while True:
-            for conn in self._conns:
-                conn.send(("collect",))
+            for i in everyone:
+                self._send(i, ("collect",))
             pending = set(everyone)
             while pending:
                 for i, _msg in self._wait(pending, "batch"):
@@ -110,11 +110,18 @@ class MultiprocessCollector:
             for i, msg in self._wait(everyone, "batch"):
                 slot = msg[1]
                 frames = {k: v.clone() for k, v in self._buffers[i][slot].items()}
-                self._conns[i].send(("free", slot))
+                self._send(i, ("free", slot))
                 yield as_batch(frames)
 
+    def _send(self, i: int, msg: tuple) -> None:
+        try:
+            self._conns[i].send(msg)
+        except OSError:  # the worker's end is gone
+            self._raise_dead(i)
+
     def _wait(self, workers: set[int], what: str) -> list[tuple[int, tuple]]:
-        """Messages from any of ``workers``; raises CollectorError on a worker error, death or timeout."""
+        """``what`` messages (a tag: ready, batch, state, loaded) from any of ``workers``; raises
+        CollectorError on a worker error, death or timeout, or on any other message."""
         deadline = time.monotonic() + self.timeout_s
         by_handle = {self._conns[i]: i for i in workers} | {self._procs[i].sentinel: i for i in workers}
         while True:
@@ -129,13 +136,16 @@ class MultiprocessCollector:
                         self._raise_dead(i)
                     if msg[0] == "error":
                         raise CollectorError(f"a collector worker raised:\n{msg[1]}")
+                    if msg[0] != what:  # out of step: never read a buffer the worker may be writing
+                        raise CollectorError(f"collector worker {i} sent {msg[0]!r} while the learner waited for "
+                                             f"{what!r}")
                     messages.append((i, msg))
                 elif not self._conns[i].poll():  # died with nothing left to say
                     self._raise_dead(i)
             if messages:
                 return messages
             if time.monotonic() > deadline:
-                raise CollectorError(f"no {what} from collector worker(s) {sorted(workers)} within "
+                raise CollectorError(f"no {what!r} message from collector worker(s) {sorted(workers)} within "
                                      f"{self.timeout_s}s (collector.timeout_s); they are alive but stuck")
 
     def _raise_dead(self, i: int):
@@ -167,8 +177,8 @@ class MultiprocessCollector:
 
     def _ask_all(self, messages, what: str) -> list:
         """Send each worker its message (one for all, or a list) and return their answers in order."""
-        for i, conn in enumerate(self._conns):
-            conn.send(messages[i] if isinstance(messages, list) else messages)
+        for i in range(self.workers):
+            self._send(i, messages[i] if isinstance(messages, list) else messages)
         answers, pending = [None] * self.workers, set(range(self.workers))
         while pending:
             for i, msg in self._wait(pending, what):

@@ -70,20 +70,20 @@ class CsvLogger(Logger):
     def __init__(self, run_dir: str | Path, filename: str = "metrics.csv", resume: dict | None = None):
         self.path = Path(run_dir) / filename
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._rows: list[dict[str, float]] = []
+        self._rows: list[dict[str, float | str]] = []  # earlier rows, as read back, are strings
         self._columns: list[str] = []
         self._rewrite = False
         if resume is not None and self.path.exists():  # kept in memory; the file is rewritten at the next row
             with self.path.open(newline="") as f:
                 reader = csv.DictReader(f)
                 self._columns = list(reader.fieldnames or [])
-                for row in reader:
+                for row in reader:  # kept as written; only frames is read
                     try:
-                        values = {k: float(v) for k, v in row.items() if k and v not in ("", None)}
+                        frames = float(row.get("frames") or "nan")
                     except ValueError:  # a row torn by a crash mid-write
                         continue
-                    if values.get("frames", 0) <= resume["frames"]:
-                        self._rows.append(values)
+                    if frames <= resume["frames"]:
+                        self._rows.append({k: v for k, v in row.items() if k and v not in ("", None)})
             self._rewrite = True
 
     def log(self, row: dict[str, float], step: int) -> None:

@@ -33,19 +33,20 @@ class _PipeSender(WeightSender):
     def __init__(self, policy: nn.Module, layout: dict, writers: list, timeout_s: float):
         weights = named_weights(policy)
         self._sources = [weights[name] for name in layout]
-        # A GPU learner's weights are staged in host memory first; CPU weights are sent in place
-        # (safe: push returns only after every receiver has read them).
-        self._stage = FlatWeights(layout, shared=False) if any(t.is_cuda for t in self._sources) else None
+        # Each push is staged in host memory and sent from there: a GPU learner's weights must be
+        # anyway, and the staged copy is what collectors act with until the next push (checkpoints).
+        self._stage = FlatWeights(layout, shared=False)
+        self._stage.copy_from(weights)
         self._writers, self._timeout_s = writers, timeout_s
         self._pool: ThreadPoolExecutor | None = None
 
+    def published(self) -> dict[str, torch.Tensor]:
+        return {name: view.clone() for name, view in self._stage.views.items()}
+
     def push(self) -> int:
         version = self.version + 1
-        if self._stage is not None:
-            self._stage.copy_from(dict(zip(self._stage.layout, self._sources)))
-            chunks = _raw_bytes(list(self._stage.views.values()))
-        else:
-            chunks = _raw_bytes(self._sources)
+        self._stage.copy_from(dict(zip(self._stage.layout, self._sources)))
+        chunks = _raw_bytes(list(self._stage.views.values()))
         message = [memoryview(version.to_bytes(8, "little", signed=True)), *chunks]
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._writers)), thread_name_prefix="rltrain-push")
