@@ -11,6 +11,7 @@ and between steps. Simple and portable; unlike ``shared_mem`` its cost grows wit
 from __future__ import annotations
 
 import fcntl
+import functools
 import multiprocessing as mp
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -33,8 +34,9 @@ class _PipeSender(WeightSender):
     def __init__(self, policy: nn.Module, layout: dict, writers: list, timeout_s: float):
         weights = named_weights(policy)
         self._sources = [weights[name] for name in layout]
-        # Each push is staged in host memory and sent from there: a GPU learner's weights must be
-        # anyway, and the staged copy is what collectors act with until the next push (checkpoints).
+        self._on_gpu = any(t.is_cuda for t in self._sources)
+        # A host copy of the last push: what collectors act with until the next one (for
+        # checkpoints), and what a GPU learner's weights are sent from.
         self._stage = FlatWeights(layout, shared=False)
         self._stage.copy_from(weights)
         self._writers, self._timeout_s = writers, timeout_s
@@ -45,12 +47,18 @@ class _PipeSender(WeightSender):
 
     def push(self) -> int:
         version = self.version + 1
-        self._stage.copy_from(dict(zip(self._stage.layout, self._sources)))
-        chunks = _raw_bytes(list(self._stage.views.values()))
+        keep = functools.partial(self._stage.copy_from, dict(zip(self._stage.layout, self._sources)))
+        if self._on_gpu:
+            keep()
+            chunks = _raw_bytes(list(self._stage.views.values()))
+        else:  # CPU weights are sent in place (push returns only once every receiver has read them)
+            chunks = _raw_bytes(self._sources)
         message = [memoryview(version.to_bytes(8, "little", signed=True)), *chunks]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=max(1, len(self._writers)), thread_name_prefix="rltrain-push")
+            self._pool = ThreadPoolExecutor(max_workers=len(self._writers) + 1, thread_name_prefix="rltrain-push")
         futures = [self._pool.submit(_write_all, w.fileno(), message) for w in self._writers]
+        if not self._on_gpu:  # the host copy is made while the pipes drain
+            futures.append(self._pool.submit(keep))
         done, pending = wait_futures(futures, timeout=self._timeout_s)
         if pending:
             raise SyncError(f"pipe: a collector did not take weights version {version} within "
