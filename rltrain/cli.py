@@ -40,7 +40,11 @@ def run(cfg: DictConfig) -> float | None:
     run_dir = trainer.state.run_dir
     try:
         if HydraConfig.initialized() and run_dir.resolve() != Path(HydraConfig.get().runtime.output_dir).resolve():
-            _move_into_resumed_run(run_dir)
+            try:
+                _move_into_resumed_run(run_dir)
+            except OSError as e:  # bookkeeping only: the run itself can go on
+                logging.getLogger("rltrain").warning("could not move this invocation's Hydra files into %s: %s",
+                                                     run_dir, e)
         summary = trainer.fit()
     except KeyboardInterrupt:
         signum = trainer.state.stop_signal or signal.SIGINT
