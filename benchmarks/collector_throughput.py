@@ -51,7 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args()
-    torch.set_num_threads(1)  # as `threads: 1` in configs/config.yaml
+    torch.set_num_threads(1)  # as `threads: 1` in rltrain/configs/config.yaml
     raw = raw_gymnasium_fps(args.seconds)
     rows = [("raw gymnasium loop (1 env, random actions)", raw)]
     for num_envs, batch in [(8, 256), (16, 512), (32, 1024)]:

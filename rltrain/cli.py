@@ -19,12 +19,7 @@ from rltrain import checkpoint
 from rltrain.factory import build
 from rltrain.errors import CheckpointError, ConfigError
 
-# In a source checkout the Hydra tree is ../configs; an installed wheel carries it inside the package.
-_PACKAGED = Path(__file__).parent / "configs"
-CONFIG_DIR = str(_PACKAGED if _PACKAGED.is_dir() else Path(__file__).parent.parent / "configs")
-
-
-@hydra.main(version_base="1.3", config_path=CONFIG_DIR, config_name="config")
+@hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def run(cfg: DictConfig) -> float | None:
     """Train one run; returns the final evaluation return (what an optimizing sweeper maximizes)."""
     try:

@@ -8,18 +8,18 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose, initialize_config_module
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 
 ROOT = Path(__file__).resolve().parent.parent
-CONFIGS = ROOT / "configs"
+CONFIGS = ROOT / "rltrain" / "configs"
 
 
 def make_config(*overrides: str):
     """The composed config for ``python -m rltrain OVERRIDES``."""
-    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+    with initialize_config_module("rltrain.configs", version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 
 
