@@ -115,7 +115,9 @@ def _find_same_config(config: dict, runs_root: Path) -> Path | None:
         try:
             if _comparable(json.loads(config_file.read_text())) != wanted:
                 continue
-        except (OSError, ValueError):
+        except (OSError, ValueError) as e:
+            log.warning("resume=auto: skipping %s, which cannot be read (%s: %s); its run is not a candidate",
+                        config_file, type(e).__name__, e)
             continue
         found = listing(config_file.parent.parent)
         if found and (newest is None or found[-1].stat().st_mtime > newest[0]):

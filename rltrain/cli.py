@@ -1,92 +1,224 @@
-"""The Hydra app behind ``python -m rltrain [overrides]`` (see --help)."""
+"""The Hydra app behind ``python -m rltrain [overrides]`` (see --help).
+
+Exit codes: 0 the run completed (or had nothing left to do); 1 it failed while starting or
+training (the message, ``summary.json`` and the traceback in ``cli.log`` say why); 2 it was
+refused before anything started (a config error, a checkpoint that cannot be resumed, a run dir
+that belongs to another run); 128 + N when signal N stopped it (130: Ctrl-C, 143: SIGTERM).
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
+import threading
+import traceback
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint
+from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError
 from rltrain.factory import build
-from rltrain.errors import CheckpointError, ConfigError
+from rltrain.run_dir import unique_dir
+from rltrain.validate import check_resume_in_sweep
+
+EXIT_FAILED, EXIT_REFUSED = 1, 2
+_REFUSED = (ConfigError, CheckpointError, RunDirError)
+HYDRA_FILES = ".hydra"  # Hydra's own record of a run (config, overrides), written once the run dir is ours
+
+# The default run and sweep dirs (config.yaml) claim a dir of their own, even within one second.
+OmegaConf.register_new_resolver("rltrain.unique_dir", unique_dir, use_cache=True, replace=True)
+
+# Hydra plugins a user may ask for by name, and the package that provides each.
+_PLUGINS = {
+    "launcher": {"joblib": "hydra-joblib-launcher", "submitit_local": "hydra-submitit-launcher",
+                 "submitit_slurm": "hydra-submitit-launcher", "ray": "hydra-ray-launcher", "rq": "hydra-rq-launcher"},
+    "sweeper": {"optuna": "hydra-optuna-sweeper", "ax": "hydra-ax-sweeper", "nevergrad": "hydra-nevergrad-sweeper"},
+}
+
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def run(cfg: DictConfig) -> float | None:
     """Train one run; returns the final evaluation return (what an optimizing sweeper maximizes)."""
-    try:
-        _check_sweep_resume(cfg)
-        trainer = build(cfg)
-    except (ConfigError, CheckpointError) as e:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        _discard_run_dir()
-        what = "config error" if isinstance(e, ConfigError) else "cannot resume"
-        print(f"rltrain: {what}: {e}", file=sys.stderr)
-        sys.exit(2)
-    run_dir = trainer.state.run_dir
-    try:
-        if HydraConfig.initialized() and run_dir.resolve() != Path(HydraConfig.get().runtime.output_dir).resolve():
-            try:
-                _move_into_resumed_run(run_dir)
-            except OSError as e:  # bookkeeping only: the run itself can go on
-                logging.getLogger("rltrain").warning("could not move this invocation's Hydra files into %s: %s",
-                                                     run_dir, e)
-        summary = trainer.fit()
-    except KeyboardInterrupt:
-        signum = trainer.state.stop_signal or signal.SIGINT
-        print(f"rltrain: stopped at once by {signal.Signals(signum).name}; summary written to "
-              f"{run_dir / 'summary.json'}", file=sys.stderr)
-        sys.exit(128 + signum)
+    hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
+    with _sigterm_like_ctrl_c():
+        try:
+            if _sweeping():
+                check_resume_in_sweep(cfg)
+            trainer = build(cfg)  # locks the run dir before anything is written there
+        except _REFUSED as e:
+            if hydra_dir is not None:
+                _detach_log_files(hydra_dir)
+                _discard_if_unused(hydra_dir)
+            return _refuse(e)
+        except KeyboardInterrupt:
+            signum = _signal_seen()
+            return _stopped(signum, f"stopped by {signal.Signals(signum).name} while starting; nothing was trained")
+        except Exception as e:  # noqa: BLE001  (an env raising on reset, a worker dying at start-up)
+            return _failed(e, "while starting")
+        run_dir = trainer.state.run_dir
+        if hydra_dir is not None:
+            _record_invocation(cfg, run_dir, hydra_dir)
+        try:
+            summary = trainer.fit()
+        except KeyboardInterrupt:
+            signum = trainer.state.stop_signal or signal.SIGINT
+            return _stopped(signum, f"stopped at once by {signal.Signals(signum).name}; summary written to "
+                                    f"{run_dir / 'summary.json'}")
+        except Exception as e:  # noqa: BLE001
+            return _failed(e, f"after {trainer.state.frames:,} frames")
     if summary["status"] == "interrupted":
-        signum = trainer.state.stop_signal or signal.SIGINT
         last = checkpoint.path_for(run_dir, summary["frames"])
         saved = [p for p in checkpoint.listing(run_dir) if p.name == last.name]
         where = (f"checkpoint {saved[0].name} and summary.json in {run_dir}. Continue with: python -m rltrain "
                  f"resume={run_dir} (plus the same overrides)") if saved else (
                  f"summary.json in {run_dir}; no checkpoint (hooks.checkpoint is off), so it cannot be resumed")
-        print(f"rltrain: stopped by {signal.Signals(signum).name}; {where}", file=sys.stderr)
-        sys.exit(128 + signum)
+        return _exit(128 + (trainer.state.stop_signal or signal.SIGINT),
+                     f"stopped by {signal.Signals(trainer.state.stop_signal or signal.SIGINT).name}; {where}")
     return summary["eval_return"]
 
 
-def _check_sweep_resume(cfg: DictConfig) -> None:
-    resume = cfg.get("resume")
-    if resume not in (None, "auto") and HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        raise ConfigError(f"resume={resume} continues one run, but this is a sweep (-m); use resume=auto, "
-                          "which continues each job's own run (the newest run with the same config)")
+def _refuse(e: Exception) -> None:
+    if _full_error():
+        raise e
+    what = {ConfigError: "config error", CheckpointError: "cannot resume", RunDirError: "run dir taken"}
+    return _exit(EXIT_REFUSED, f"{next(v for k, v in what.items() if isinstance(e, k))}: {e}", e)
 
 
-def _move_into_resumed_run(run_dir: Path) -> None:
-    """A resumed run continues in its old dir: keep this invocation's Hydra files there under
-    ``resumes/<time>/``, send the log file there, and remove the dir Hydra made for it."""
-    hydra_dir = Path(HydraConfig.get().runtime.output_dir)
-    target = run_dir / "resumes" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
-    target.mkdir(parents=True, exist_ok=True)
+def _failed(e: Exception, when: str) -> None:
+    """One paragraph on the terminal: what failed and the fix; the full traceback goes to cli.log."""
+    details = getattr(e, "details", None) if isinstance(e, RunError) else None
+    text = "".join(traceback.format_exception(e)) + (f"\n{details}" if details else "")
+    logs = _write_to_log_files(f"the run failed {when}:\n{text}")
+    if _full_error():
+        if details:
+            print(details, file=sys.stderr)
+        raise e
+    where = f"The full traceback is in {logs[0]}" if logs else "No log file holds the traceback"
+    return _exit(EXIT_FAILED, f"the run failed {when}: {type(e).__name__}: {e}\n"
+                              f"{where} (HYDRA_FULL_ERROR=1 prints it here).", e)
+
+
+def _stopped(signum: int, message: str) -> None:
+    return _exit(128 + signum, message, KeyboardInterrupt())
+
+
+def _exit(code: int, message: str, error: BaseException | None = None) -> None:
+    """Print ``rltrain: <message>`` and exit with ``code``. In a sweep, raise instead, so that
+    Hydra records this job as failed and the sweep's other jobs still run."""
+    print(f"rltrain: {message}", file=sys.stderr)
+    if error is not None and _sweeping():
+        raise error
+    sys.exit(code)
+
+
+def _sweeping() -> bool:
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+
+
+def _full_error() -> bool:
+    return os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+_SEEN = {"signal": signal.SIGINT}
+
+
+def _signal_seen() -> int:
+    return _SEEN["signal"]
+
+
+@contextmanager
+def _sigterm_like_ctrl_c():
+    """Until the trainer installs its own handlers (and after it restores them), SIGTERM stops the
+    run at once, as Ctrl-C does, so that whatever was started is closed again."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handle(signum, frame):
+        _SEEN["signal"] = signum
+        raise KeyboardInterrupt
+
+    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _record_invocation(cfg: DictConfig, run_dir: Path, hydra_dir: Path) -> None:
+    """Hydra's files of this invocation go to the run dir (``resumes/<time>/`` in a resumed run,
+    whose log then continues in its own dir)."""
+    resumed = run_dir.resolve() != hydra_dir.resolve()
+    _save_hydra_files(cfg, run_dir / "resumes" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
+                      if resumed else run_dir)
+    if resumed:
+        try:
+            _follow_into(run_dir, hydra_dir)
+        except OSError as e:  # bookkeeping only: the run itself can go on
+            logging.getLogger("rltrain").warning("could not move this invocation's log into %s: %s", run_dir, e)
+
+
+def _save_hydra_files(cfg: DictConfig, where: Path) -> None:
+    """What Hydra would write to ``.hydra/`` (config.yaml, hydra.yaml, overrides.yaml), written
+    only now that the run dir is this run's (config.yaml sets hydra.output_subdir: null)."""
+    folder = where / HYDRA_FILES
+    folder.mkdir(parents=True, exist_ok=True)
+    hydra_cfg = HydraConfig.instance().cfg
+    (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (folder / "hydra.yaml").write_text(OmegaConf.to_yaml(hydra_cfg))
+    (folder / "overrides.yaml").write_text(OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task))
+
+
+def _follow_into(run_dir: Path, hydra_dir: Path) -> None:
+    """A resumed run continues in its old dir: the log file goes on there (with what this
+    invocation logged so far), and the dir Hydra made for this invocation is removed."""
+    for handler in _log_files(hydra_dir):
+        handler.close()
+        old_log = Path(handler.baseFilename)
+        handler.baseFilename = str(run_dir.resolve() / old_log.name)  # reopened in append mode
+        with open(handler.baseFilename, "a") as f:
+            f.write(old_log.read_text() if old_log.exists() else "")
+    _discard_if_unused(hydra_dir)
+
+
+def _log_files(folder: Path) -> list[logging.FileHandler]:
+    return [h for h in logging.getLogger().handlers
+            if isinstance(h, logging.FileHandler) and Path(h.baseFilename).parent == folder.resolve()]
+
+
+def _detach_log_files(folder: Path) -> None:
+    """A refused run logs nothing into ``folder`` (it may be another run's dir)."""
+    for handler in _log_files(folder):
+        logging.getLogger().removeHandler(handler)
+        handler.close()
+
+
+def _write_to_log_files(text: str) -> list[str]:
+    """Write ``text`` to the log files only (the terminal gets one paragraph); returns their paths."""
+    record = logging.LogRecord("rltrain", logging.ERROR, __file__, 0, text, None, None)
+    paths = []
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == hydra_dir.resolve():
-            handler.close()
-            old_log = Path(handler.baseFilename)
-            handler.baseFilename = str(run_dir.resolve() / old_log.name)  # reopened in append mode
-            with open(handler.baseFilename, "a") as f:
-                f.write(old_log.read_text() if old_log.exists() else "")
-    if (hydra_dir / ".hydra").is_dir():
-        shutil.move(str(hydra_dir / ".hydra"), str(target / ".hydra"))
-    _discard_run_dir()
+        if isinstance(handler, logging.FileHandler):
+            handler.handle(record)
+            paths.append(handler.baseFilename)
+    return paths
 
 
-def _discard_run_dir() -> None:
-    """Remove the run dir Hydra made before our validation ran, if it holds only Hydra's own files."""
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    if not run_dir.is_dir() or any(p.name != ".hydra" and p.suffix != ".log" for p in run_dir.iterdir()):
+def _discard_if_unused(run_dir: Path) -> None:
+    """Remove the dir Hydra made for this invocation if it holds nothing but log files."""
+    if not run_dir.is_dir() or any(p.suffix != ".log" for p in run_dir.iterdir()):
         return
     shutil.rmtree(run_dir)
     cwd, parent = Path.cwd().resolve(), run_dir.resolve().parent
@@ -95,5 +227,18 @@ def _discard_run_dir() -> None:
         parent = parent.parent
 
 
+def check_plugins(args: list[str]) -> None:
+    """Exit with one line naming the ``pip install`` for a Hydra launcher or sweeper that is asked
+    for on the command line but not installed (instead of Hydra's list of what is)."""
+    for arg in args:
+        m = re.fullmatch(r"[+~]*hydra/(launcher|sweeper)=(\w+)", arg)
+        package = m and _PLUGINS[m.group(1)].get(m.group(2))
+        if package and importlib.util.find_spec(f"hydra_plugins.{package.replace('-', '_')}") is None:
+            print(f"rltrain: {arg} needs the Hydra plugin {package}, which is not installed: "
+                  f"pip install {package}", file=sys.stderr)
+            sys.exit(EXIT_REFUSED)
+
+
 def main() -> None:
+    check_plugins(sys.argv[1:])
     run()

@@ -19,33 +19,57 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint
 from rltrain.envs import EnvSpec
-from rltrain.errors import CheckpointError, CollectorError
+from rltrain.errors import CheckpointError, CollectorError, ConfigError, RunDirError
 from rltrain.loggers import JsonlLogger
+from rltrain.run_dir import RunDirLock, claim_unique, earlier_run_in
 from rltrain.sync.base import named_weights
-from rltrain.trainer import Trainer
+from rltrain.trainer import Trainer, TrainState, summarize, write_summary
 from rltrain.validate import WIRING_KEYS, validate
 
 log = logging.getLogger("rltrain")
 
 
 def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
-    """Validate ``cfg`` and build the Trainer it describes; ``run_dir`` defaults to Hydra's output dir.
+    """Validate ``cfg`` and build the Trainer it describes; ``run_dir`` defaults to Hydra's output dir
+    (or, outside Hydra, a new ``outputs/DATE/TIME``).
 
     With ``resume`` set, the run continues in the dir of the checkpoint it resumes from, and every
     part is restored from it before anything starts (a checkpoint that does not fit fails here).
+    The run dir is locked before anything is written to it: a dir that a live run holds, or that
+    another run already finished in, is refused (RunDirError).
     """
     validate(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    fresh_dir = _default_run_dir(run_dir)
-    ckpt_path = checkpoint.find(cfg.get("resume"), resolved, _runs_root(fresh_dir))
+    ckpt_path = checkpoint.find(cfg.get("resume"), resolved, _runs_root(run_dir))
     saved = checkpoint.load(ckpt_path) if ckpt_path else None
-    run_dir = (checkpoint.run_dir_of(ckpt_path) if ckpt_path else None) or fresh_dir
-    run_dir.mkdir(parents=True, exist_ok=True)
+    in_place = checkpoint.run_dir_of(ckpt_path) if ckpt_path else None  # resuming a run in its own dir
+    run_dir = in_place or _fresh_run_dir(run_dir)
+    lock = RunDirLock.acquire(run_dir)
+    try:
+        if in_place is None and (taken := earlier_run_in(run_dir)):
+            raise RunDirError(f"{run_dir} already holds a run ({', '.join(taken)}); continue it with "
+                              f"resume={run_dir}, or give this run another hydra.run.dir")
+        trainer = _build_parts(cfg, resolved, run_dir, lock, saved, ckpt_path)
+    except BaseException as e:
+        lock.release()
+        if in_place is None and not isinstance(e, (ConfigError, CheckpointError, RunDirError)):
+            # Started, then failed (an env raising on reset, a signal while workers start): say so.
+            status = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed: {type(e).__name__}: {e}"
+            write_summary(run_dir, summarize(TrainState(run_dir, cfg.trainer.total_frames), status, None))
+        raise
+    if in_place is not None:
+        checkpoint.set_aside_newer(run_dir, ckpt_path)
+    return trainer
+
+
+def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLock, saved: dict | None,
+                 ckpt_path: Path | None) -> Trainer:
     _seed_everything(cfg.seed)
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
@@ -83,18 +107,15 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
                    "config": resolved}
         hooks = {name: _instantiate_with(node, **runtime) for name, node in (cfg.get("hooks") or {}).items()}
 
-        stop_at_return = cfg.trainer.stop_at_return
-        if stop_at_return == "auto":
-            stop_at_return = env_spec.reward_threshold
-        trainer = Trainer(collector, algo, hooks, loggers, run_dir, total_frames=cfg.trainer.total_frames,
-                          stop_at_return=stop_at_return, return_window=cfg.trainer.return_window,
-                          max_lag=getattr(collector, "max_lag", None))
+        trainer_args = OmegaConf.to_container(cfg.trainer)  # the trainer's keys are its arguments
+        if trainer_args.get("stop_at_return") == "auto":
+            trainer_args["stop_at_return"] = env_spec.reward_threshold
+        trainer = Trainer(collector, algo, hooks, loggers, run_dir, max_lag=getattr(collector, "max_lag", None),
+                          run_dir_lock=lock, **trainer_args)
         if saved is not None:
             trainer.state.load_state_dict(saved["trainer"])
             checkpoint.set_rng_state(saved["rng"])  # last: building above draws random numbers
         cleanup.pop_all()
-    if saved is not None and checkpoint.run_dir_of(ckpt_path) == run_dir:
-        checkpoint.set_aside_newer(run_dir, ckpt_path)
     log.info("run dir %s | %s on %s | %s collector | device %s%s", run_dir, type(algo).__name__, env_spec.id,
              type(collector).__name__, device, f" | resumed at {frames:,} frames" if saved else "")
     return trainer
@@ -197,21 +218,24 @@ def _without(node: DictConfig, keys: set[str]) -> DictConfig:
     return OmegaConf.masked_copy(node, [k for k in node if k not in keys])
 
 
-def _default_run_dir(run_dir: str | Path | None) -> Path:
-    if run_dir is None:
-        from hydra.core.hydra_config import HydraConfig
+def _fresh_run_dir(run_dir: str | Path | None) -> Path:
+    """The dir of a run that starts fresh: the one given, Hydra's output dir, or a new
+    ``outputs/DATE/TIME`` (``_1``, ``_2``, ... when taken)."""
+    if run_dir is not None:
+        return Path(run_dir)
+    if HydraConfig.initialized():
+        return Path(HydraConfig.get().runtime.output_dir)
+    return claim_unique(Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
 
-        if HydraConfig.initialized():
-            run_dir = HydraConfig.get().runtime.output_dir
-        else:
-            run_dir = Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f")
-    return Path(run_dir)
 
-
-def _runs_root(run_dir: Path) -> Path:
+def _runs_root(run_dir: str | Path | None) -> Path:
     """Where resume=auto looks for earlier runs: the top dir of the run dirs below the working dir
     (``outputs/``), else the run dir's parent (its siblings)."""
-    cwd, absolute = Path.cwd().resolve(), run_dir.resolve()
+    if run_dir is None:
+        if not HydraConfig.initialized():
+            return Path("outputs").resolve()
+        run_dir = HydraConfig.get().runtime.output_dir
+    cwd, absolute = Path.cwd().resolve(), Path(run_dir).resolve()
     if cwd in absolute.parents and absolute.parent != cwd:
         return cwd / absolute.relative_to(cwd).parts[0]
     return absolute.parent

@@ -24,6 +24,7 @@ from tensordict import TensorDict
 from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
 from rltrain.loggers.files import json_safe
+from rltrain.run_dir import RunDirLock
 from rltrain.timing import PhaseTimer
 
 log = logging.getLogger("rltrain")
@@ -138,10 +139,12 @@ class Trainer:
         stop_at_return: float | None = None,
         return_window: int = 10,
         max_lag: int | None = None,
+        run_dir_lock: RunDirLock | None = None,
     ):
         self.collector, self.algo, self.hooks, self.loggers = collector, algo, dict(hooks), list(loggers)
         self.stop_at_return = stop_at_return
         self.max_lag = max_lag  # drop batches with frames more than this many versions old
+        self.run_dir_lock = run_dir_lock  # released last, once everything is closed
         self.state = TrainState(Path(run_dir), total_frames, return_window)
 
     def fit(self) -> dict[str, Any]:
@@ -170,7 +173,7 @@ class Trainer:
         finally:
             try:
                 summary = self.summary(status)
-                self._write_summary(summary)
+                write_summary(self.state.run_dir, summary)
                 self._close(summary)
             finally:  # last: until everything is closed, a signal still means "stop at once"
                 for signum, handler in previous_handlers.items():
@@ -271,46 +274,17 @@ class Trainer:
                     getattr(hook, f"on_{event}")(state)
 
     def summary(self, status: str) -> dict[str, Any]:
-        s = self.state
-        wall = s.timer.elapsed()
-        summary = {
-            "status": status,
-            "frames": s.frames,
-            "updates": s.updates,
-            "episodes": s.episodes,
-            "wall_time_s": round(wall, 3),
-            "fps": round(s.frames / wall, 1) if wall > 0 else 0.0,
-            "eval_return": s.eval_return,
-            "train_return": s.train_return,
-            "time": s.timer.breakdown(),
-            "time_hooks": s.timer.hook_breakdown(),
-            "sync": {
-                "pushes": s.pushes,
-                "version": s.version,
-                "mean_lag": s.lag_sum / s.batches if s.batches else 0.0,
-                "max_lag": s.lag_max,
-                "dropped_batches": s.dropped_batches,
-            },
-        }
-        # Without a target return (stop_at_return null, or an env without a threshold) solved is null.
-        summary["solved"] = None if self.stop_at_return is None else s.solved_at_frames is not None
-        summary["frames_to_solve"] = s.solved_at_frames
-        summary["stop_at_return"] = self.stop_at_return
-        return summary
-
-    def _write_summary(self, summary: dict[str, Any]) -> None:
-        self.state.run_dir.mkdir(parents=True, exist_ok=True)
-        path = self.state.run_dir / "summary.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(json_safe(summary), indent=2) + "\n")
-        tmp.replace(path)
+        return summarize(self.state, status, self.stop_at_return)
 
     def _close(self, summary: dict[str, Any]) -> None:
         # Everything is closed even if one close fails. The collector goes first: its workers
-        # must be gone before the weight sender (a hook) closes the channels they read.
+        # must be gone before the weight sender (a hook) closes the channels they read; the run
+        # dir's lock goes last, once nothing of this run writes there any more.
         closers = [self.collector.close]
         closers += [functools.partial(hook.close, self.state, summary) for hook in self.hooks.values()]
         closers += [functools.partial(logger.close, summary) for logger in self.loggers]
+        if self.run_dir_lock is not None:
+            closers.append(self.run_dir_lock.release)
         stopped_at_once = None
         for close in closers:
             try:
@@ -321,3 +295,41 @@ class Trainer:
                 log.error("error while closing the run: %s", e)
         if stopped_at_once is not None:
             raise stopped_at_once
+
+
+def summarize(s: TrainState, status: str, stop_at_return: float | None) -> dict[str, Any]:
+    """What summary.json holds for a run in state ``s`` (also for one that failed to start)."""
+    wall = s.timer.elapsed()
+    summary = {
+        "status": status,
+        "frames": s.frames,
+        "updates": s.updates,
+        "episodes": s.episodes,
+        "wall_time_s": round(wall, 3),
+        "fps": round(s.frames / wall, 1) if wall > 0 else 0.0,
+        "eval_return": s.eval_return,
+        "train_return": s.train_return,
+        "time": s.timer.breakdown(),
+        "time_hooks": s.timer.hook_breakdown(),
+        "sync": {
+            "pushes": s.pushes,
+            "version": s.version,
+            "mean_lag": s.lag_sum / s.batches if s.batches else 0.0,
+            "max_lag": s.lag_max,
+            "dropped_batches": s.dropped_batches,
+        },
+    }
+    # Without a target return (stop_at_return null, or an env without a threshold) solved is null.
+    summary["solved"] = None if stop_at_return is None else s.solved_at_frames is not None
+    summary["frames_to_solve"] = s.solved_at_frames
+    summary["stop_at_return"] = stop_at_return
+    return summary
+
+
+def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
+    """Write summary.json atomically (a reader never sees half a file)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "summary.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(json_safe(summary), indent=2) + "\n")
+    tmp.replace(path)

@@ -3,11 +3,12 @@ the key, the value and what is allowed. Nothing here starts a process or writes 
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import inspect
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -18,6 +19,10 @@ from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.errors import ConfigError
 from rltrain.hooks.base import SCHEDULE_UNITS
 
+# The top level of rltrain's config: its own keys and its config groups (config.yaml). Anything
+# else there is a typo (``+trainer.total_frame=...`` adds a key nothing reads); ``hydra`` is Hydra's.
+TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "trainer", "algo", "env", "collector", "sync", "logger",
+                  "hooks", "hydra")
 # Keys that build() consumes itself rather than passing to the node's _target_.
 WIRING_KEYS = {"algo": {"network"}, "sync": {"every"}}
 # Arguments build() passes at instantiate time; a config must not set them.
@@ -29,6 +34,7 @@ RUNTIME_ARGS = {
     "logger": {"run_dir", "config", "resume"},
     "hooks": {"policy", "sender", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
               "config"},
+    "trainer": {"collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock"},
 }
 
 
@@ -107,6 +113,14 @@ def validate(cfg: DictConfig) -> None:
         OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"the config does not resolve: {e}") from None
+    _check_keys("", cfg.keys(), TOP_LEVEL_KEYS, "a top-level key of rltrain's config",
+                listed=[k for k in TOP_LEVEL_KEYS if k != "hydra"])
+    if isinstance(cfg.get("trainer"), DictConfig):
+        from rltrain.trainer import Trainer  # the trainer's keys are its constructor's arguments
+
+        params = inspect.signature(Trainer).parameters
+        _check_keys("trainer.", cfg.trainer.keys(), [p for p in params if p not in RUNTIME_ARGS["trainer"]],
+                    "a key of trainer (the arguments of rltrain.Trainer)")
     for key, check, allowed, hint in RULES:
         value = OmegaConf.select(cfg, key, default="__absent__")
         if value == "__absent__":
@@ -117,6 +131,8 @@ def validate(cfg: DictConfig) -> None:
         except TypeError:
             ok = False
         if not ok:
+            if isinstance(value, float) and value.is_integer() and "integer" in allowed:
+                hint += f"; write {int(value)} (YAML and the command line read 1e9 as a float)"
             raise ConfigError(f"{key} must be {allowed} (got {value!r}){hint}")
     _check_device(cfg.get("device", "auto"))
     for path in ("env", "algo", "algo.network", "collector", "sync"):
@@ -130,6 +146,14 @@ def validate(cfg: DictConfig) -> None:
     _check_env(cfg)
     if OmegaConf.select(cfg, "hooks.eval.video", default=False):
         _check_video(cfg)
+
+
+def check_resume_in_sweep(cfg: DictConfig) -> None:
+    """A sweep's job: ``resume=PATH`` continues one run, into which every job would write."""
+    resume = cfg.get("resume")
+    if resume not in (None, "auto"):
+        raise ConfigError(f"resume={resume} continues one run, but this is a sweep (-m); use resume=auto, "
+                          "which continues each job's own run (the newest run with the same config)")
 
 
 def _check_device(device) -> None:
@@ -167,13 +191,24 @@ def _check_node(cfg: DictConfig, path: str, required: bool, runtime_group: str |
     runtime = RUNTIME_ARGS.get(group, set())
     wiring = WIRING_KEYS.get(path, set())
     for key in node:
-        if key.startswith("_") or key in wiring:
-            continue
         if key in runtime:
             raise ConfigError(f"{path}.{key} is set by rltrain at build time; remove it from the config")
-        if key not in params:
-            allowed = ", ".join(p for p in params if p not in runtime and p != "self")
-            raise ConfigError(f"{path}.{key} is not a parameter of {node._target_} (it takes: {allowed})")
+    allowed = [p for p in params if p not in runtime and p != "self"]
+    _check_keys(f"{path}.", [k for k in node if not k.startswith("_") and k not in wiring], [*allowed, *wiring],
+                f"a parameter of {node._target_}", listed=allowed)
+
+
+def _check_keys(prefix: str, keys: Iterable[str], known: Iterable[str], owner: str,
+                listed: Iterable[str] | None = None) -> None:
+    """A key not in ``known`` is a typo: name it, the closest known key, and the known ones."""
+    known = list(known)
+    for key in keys:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {prefix}{close[0]}?" if close else ""
+        raise ConfigError(f"{prefix}{key} is not {owner}{hint} "
+                          f"(valid: {', '.join(listed if listed is not None else known)})")
 
 
 def _check_schedule(key: str, every) -> None:
@@ -205,6 +240,12 @@ def _check_cross(cfg: DictConfig) -> None:
     if "warmup_frames" in cfg.algo and str(cfg.sync.get("_target_", "")).endswith("NoSync"):
         raise ConfigError("algo=sac with sync=none: the end of the warm-up reaches collectors through a weight "
                           "push, so they would act uniformly at random for the whole run; use sync=shared_mem")
+    buffer_size = cfg.algo.get("buffer_size")
+    for key, need, what in [("algo.batch_size", cfg.algo.get("batch_size"), "the frames of one gradient step"),
+                            ("collector.frames_per_batch", batch, "one collector batch")]:
+        if buffer_size is not None and need is not None and buffer_size < need:
+            raise ConfigError(f"algo.buffer_size ({buffer_size}) is smaller than {key} ({need}): the replay buffer "
+                              f"cannot hold {what}; use algo.buffer_size={need} or more")
     minibatch = cfg.algo.get("minibatch_size")
     if minibatch is not None and batch is not None and minibatch > batch:
         raise ConfigError(

@@ -46,6 +46,18 @@ BAD_INPUT = [
     (["+hooks.mine._target_=no_such_pkg.Hook"], "hooks.mine._target_='no_such_pkg.Hook' cannot be imported"),
     (["device=tpu"], "device must be cpu, cuda, cuda:N or auto"),
     (["env.id=ALE/Pong-v5"], "env.id='ALE/Pong-v5'"),
+    # Keys nothing reads, anywhere in rltrain's own sections, with the closest valid one.
+    (["+foo=1"], "foo is not a top-level key of rltrain's config (valid: seed, device, threads, resume, trainer,"),
+    (["+sed=1"], "sed is not a top-level key of rltrain's config; did you mean seed?"),
+    (["+trainer.total_frame=100"], "trainer.total_frame is not a key of trainer (the arguments of rltrain.Trainer); "
+                                   "did you mean trainer.total_frames?"),
+    (["+algo.lrr=0.1"], "did you mean algo.lr?"),
+    (["+env.num_env=3"], "env.num_env is not a parameter of rltrain.envs.BatchedEnv; did you mean env.num_envs?"),
+    (["trainer.total_frames=1e9"], "trainer.total_frames must be an integer >= 1 (got 1000000000.0); write 1000000000"),
+    (["algo=sac", "env=pendulum", "algo.buffer_size=10"],
+     "algo.buffer_size (10) is smaller than algo.batch_size (256): the replay buffer cannot hold"),
+    (["algo=sac", "env=pendulum", "algo.buffer_size=300"],
+     "algo.buffer_size (300) is smaller than collector.frames_per_batch (512)"),
 ]
 
 
@@ -67,6 +79,37 @@ def test_cli_bad_value_exits_fast_with_one_paragraph_and_no_traceback(tmp_path):
     assert "Traceback" not in result.stderr + result.stdout
     assert not list(tmp_path.rglob("wandb")), "no wandb run may be created for bad input"
     assert not (tmp_path / "outputs").exists(), "the run dir Hydra made is removed again"
+
+
+def test_a_sweep_checks_every_jobs_config_before_the_first_job_starts(tmp_path):
+    result = run_cli("-m", "algo.gamma=0.9,1.5", "trainer.total_frames=1024", cwd=tmp_path)
+    assert result.returncode == 2
+    assert ("rltrain: config error in sweep job 1 (algo.gamma=1.5 trainer.total_frames=1024): algo.gamma must be "
+            "a number in (0, 1] (got 1.5). No job was started") in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "outputs").exists(), "job 0 must not have run"
+
+
+@pytest.mark.parametrize(("plugin", "package"), [("hydra/launcher=joblib", "hydra-joblib-launcher"),
+                                                  ("hydra/sweeper=optuna", "hydra-optuna-sweeper")])
+def test_a_missing_hydra_plugin_names_the_pip_install(plugin, package, tmp_path):
+    result = run_cli("-m", plugin, "seed=0,1", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (f"rltrain: {plugin} needs the Hydra plugin {package}, which is not "
+                                     f"installed: pip install {package}")
+    assert not (tmp_path / "outputs").exists()
+
+
+def test_resume_auto_warns_about_an_unreadable_config_file(tmp_path, monkeypatch, caplog):
+    monkeypatch.chdir(tmp_path)
+    broken = tmp_path / "outputs" / "2026-01-01" / "00-00-00" / "checkpoints" / "config.json"
+    broken.parent.mkdir(parents=True)
+    broken.write_text("{not json")
+    caplog.set_level("INFO", logger="rltrain")
+    trainer = build(make_config("resume=auto", "trainer.total_frames=512"))
+    trainer.fit()
+    assert f"resume=auto: skipping {broken}, which cannot be read (JSONDecodeError" in caplog.text
+    assert trainer.state.run_dir != broken.parent.parent and trainer.state.frames == 512
 
 
 def test_cli_unknown_group_choice_lists_the_available_ones(tmp_path):
