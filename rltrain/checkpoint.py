@@ -4,14 +4,17 @@ A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/frames_<N>.pt``
 tensors and Python values (it loads with ``weights_only=True``):
 
 - ``trainer``: counters, recent episode returns, the pending metric window, phase timings;
-- ``algo``: networks, optimizers, lr position, temperature, obs statistics, replay buffer;
-- ``collector``: the envs mid-episode (``collector=local``; worker envs start fresh episodes);
+- ``algo``: networks, optimizers, lr position, temperature, obs statistics, replay buffer, and the
+  rest of an update that a stop request interrupted between two gradient steps;
+- ``published``: the weights the collectors act with (older than the learner's with sync.every > 1);
+- ``collector``: the envs mid-episode (``collector=local``, and each lock-step worker's envs and
+  generator; async workers' envs start fresh episodes);
 - ``loggers``: e.g. the wandb run id, so a resumed run continues the same wandb run;
 - ``rng``: Python, numpy and torch (CPU and CUDA) generator states;
 - ``config``: the resolved config that wrote it (``resume=auto`` matches on it).
 
 Files are written to a temporary name and renamed, so a crash mid-write leaves the previous
-checkpoint intact.
+checkpoint intact; a state whose weights hold NaN or inf is never written (``check_finite``).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rltrain.errors import CheckpointError
+from rltrain.errors import CheckpointError, NonFiniteError
 
 log = logging.getLogger("rltrain")
 
@@ -170,6 +173,28 @@ def set_aside_newer(run_dir: Path, resumed: Path) -> None:
 def _frames(path: Path) -> int:
     m = _NAME.match(path.name)
     return int(m.group(1)) if m else -1
+
+
+def check_finite(state: Any, where: str) -> None:
+    """Raise NonFiniteError naming the tensors in ``state`` that hold a NaN or an infinity: a
+    checkpoint must never hold weights that a resumed run would train on."""
+    bad: list[str] = []
+    _find_nonfinite(state, where, bad)
+    if bad:
+        raise NonFiniteError(f"not writing a checkpoint: {', '.join(bad[:6])}{' and more' if len(bad) > 6 else ''} "
+                             "hold NaN or infinite values; the previous checkpoint is kept")
+
+
+def _find_nonfinite(value: Any, where: str, bad: list[str]) -> None:
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point() and not torch.isfinite(value).all():
+            bad.append(where)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _find_nonfinite(item, f"{where}.{key}", bad)
+    elif isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _find_nonfinite(item, f"{where}.{i}", bad)
 
 
 def check_compatible(saved: Any, current: Any, where: str) -> None:

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 from rltrain import checkpoint
 from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError
 from rltrain.factory import build
+from rltrain.help import config_help
 from rltrain.run_dir import unique_dir
 from rltrain.validate import check_resume_in_sweep
 
@@ -36,8 +37,10 @@ EXIT_FAILED, EXIT_REFUSED = 1, 2
 _REFUSED = (ConfigError, CheckpointError, RunDirError)
 HYDRA_FILES = ".hydra"  # Hydra's own record of a run (config, overrides), written once the run dir is ours
 
-# The default run and sweep dirs (config.yaml) claim a dir of their own, even within one second.
+# The default run and sweep dirs (config.yaml) claim a dir of their own, even within one second;
+# --help shows every key with its comment (hydra.help.template in config.yaml).
 OmegaConf.register_new_resolver("rltrain.unique_dir", unique_dir, use_cache=True, replace=True)
+OmegaConf.register_new_resolver("rltrain.config_help", config_help, replace=True)
 
 # Hydra plugins a user may ask for by name, and the package that provides each.
 _PLUGINS = {

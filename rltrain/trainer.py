@@ -14,7 +14,7 @@ import logging
 import signal
 import threading
 from collections import defaultdict, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,16 +31,20 @@ log = logging.getLogger("rltrain")
 
 
 class Algo(Protocol):
-    def update(self, batch: TensorDict) -> dict[str, float]: ...
+    def update(self, batch: TensorDict | None, should_stop: Callable[[], bool]) -> dict[str, float] | None:
+        """Learn from ``batch``; None if ``should_stop()`` interrupted it between two gradient steps
+        (the algo's state_dict then holds the rest, and ``update(None, ...)`` finishes it)."""
 
 
 class MetricWindow:
-    """Means of the metrics reported since the last ``drain`` (e.g. losses over the updates of a log step)."""
+    """The metrics reported since the last ``drain``: means (losses over the updates of a log step),
+    sums (seconds per phase) and latest values (an evaluation's result, which the summary repeats)."""
 
     def __init__(self):
         self._sums: dict[str, float] = defaultdict(float)
         self._counts: dict[str, int] = defaultdict(int)
         self._totals: dict[str, float] = defaultdict(float)
+        self._latest: dict[str, float] = {}
 
     def add(self, metrics: Mapping[str, float]) -> None:
         """Values to average over the window (losses, returns)."""
@@ -53,20 +57,27 @@ class MetricWindow:
         for k, v in metrics.items():
             self._totals[k] += v
 
+    def set(self, metrics: Mapping[str, float]) -> None:
+        """Values of which the window reports the latest (the last evaluation's return)."""
+        self._latest.update(metrics)
+
     def drain(self) -> dict[str, float]:
-        out = {k: self._sums[k] / self._counts[k] for k in self._sums} | dict(self._totals)
+        out = {k: self._sums[k] / self._counts[k] for k in self._sums} | dict(self._totals) | self._latest
         self._sums.clear()
         self._counts.clear()
         self._totals.clear()
+        self._latest = {}
         return out
 
     def state_dict(self) -> dict:
-        return {"sums": dict(self._sums), "counts": dict(self._counts), "totals": dict(self._totals)}
+        return {"sums": dict(self._sums), "counts": dict(self._counts), "totals": dict(self._totals),
+                "latest": dict(self._latest)}
 
     def load_state_dict(self, state: dict) -> None:
         self._sums = defaultdict(float, state["sums"])
         self._counts = defaultdict(int, state["counts"])
         self._totals = defaultdict(float, state["totals"])
+        self._latest = dict(state.get("latest", {}))
 
 
 @dataclass
@@ -90,13 +101,19 @@ class TrainState:
     lag_sum: float = 0.0
     lag_max: int = 0
     dropped_batches: int = 0  # batches over the collector's max_lag, not trained on
+    nonfinite_frames: int = 0  # env.nonfinite=replace: frames whose NaN/inf observation or reward became 0
+    skipped_steps: int = 0  # algo.nonfinite=skip: gradient steps skipped for a NaN/inf loss or gradient
+    # > 0: a stop request interrupted the update on a batch of this many frames, between two gradient
+    # steps; the algo's state holds the rest of that update, and its hooks have not fired yet.
+    mid_update_frames: int = 0
     window: MetricWindow = field(default_factory=MetricWindow)
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     should_stop: bool = False  # a hook may set this to end the run after the current update
     stop_signal: int | None = None  # SIGINT or SIGTERM asked the run to stop after the current step
 
     _COUNTERS = ("frames", "batches", "updates", "version", "pushes", "episodes", "eval_return",
-                 "solved_at_frames", "lag_sum", "lag_max", "dropped_batches")
+                 "solved_at_frames", "lag_sum", "lag_max", "dropped_batches", "nonfinite_frames", "skipped_steps",
+                 "mid_update_frames")
 
     def __post_init__(self):
         self.recent_returns = deque(maxlen=self.return_window)
@@ -110,12 +127,19 @@ class TrainState:
         return state
 
     def load_state_dict(self, state: dict) -> None:
-        for name in self._COUNTERS:
-            setattr(self, name, state[name])
+        for name in self._COUNTERS:  # a checkpoint of an older rltrain lacks the newer counters
+            setattr(self, name, state.get(name, getattr(self, name)))
         self.recent_returns.extend(state["recent_returns"])
         self.recent_lengths.extend(state["recent_lengths"])
         self.window.load_state_dict(state["window"])
         self.timer.load_state_dict(state["timer"])
+
+    def count_at_last_update(self, unit: str) -> int:
+        """``frames``, ``batches`` or ``updates`` as they were when the update hooks last fired."""
+        count = getattr(self, unit)
+        if self.mid_update_frames:  # the interrupted update's batch is counted, its hooks are still owed
+            count -= {"frames": self.mid_update_frames, "batches": 1}.get(unit, 0)
+        return count
 
     @property
     def train_return(self) -> float | None:
@@ -158,7 +182,8 @@ class Trainer:
                 hook.schedule.catch_up(self.state)  # a resumed run: no hook fires for the past
             self._fire("start")
             self._loop()
-            if self.state.stop_signal is None or self._already_finished():  # a signal in the last step
+            # A signal during the last step (but not mid-way through its update) still completes the run.
+            if self.state.stop_signal is None or (self._already_finished() and not self.state.mid_update_frames):
                 self._fire("end")
                 status = "completed"
             else:
@@ -219,6 +244,8 @@ class Trainer:
 
     def _loop(self) -> None:
         state, timer = self.state, self.state.timer
+        if state.mid_update_frames and not self._update(None):  # resumed mid-update: finish it first
+            return
         batches = iter(self.collector)
         while state.frames < state.total_frames and not state.should_stop and state.stop_signal is None:
             with timer.phase("collect"):
@@ -230,17 +257,36 @@ class Trainer:
                 continue
             self._account(batch, lag)
             self._fire("batch", batch)
-            with timer.phase("update"):
-                metrics = self.algo.update(batch)
-            state.updates += 1
-            state.metrics = metrics
-            state.window.add(metrics)
-            self._fire("update")
-            if self._solved():
-                state.solved_at_frames = state.frames
-                log.info("solved: training return %.1f >= %s after %d frames",
-                         state.train_return, self.stop_at_return, state.frames)
-                break
+            if not self._update(batch):
+                return
+
+    def _update(self, batch: TensorDict | None) -> bool:
+        """Update on ``batch`` (None: finish the interrupted update), then fire the update hooks.
+        False if the run is to stop here: a stop request interrupted the update, or it is solved."""
+        state = self.state
+        with state.timer.phase("update"):
+            metrics = self.algo.update(batch, self._stop_requested)
+        if metrics is None:
+            state.mid_update_frames = batch.numel() if batch is not None else state.mid_update_frames
+            log.info("stopped between two gradient steps; the checkpoint holds the rest of this update")
+            return False
+        state.mid_update_frames = 0
+        if skipped := metrics.pop("nonfinite/skipped_steps", 0):
+            state.skipped_steps += skipped
+            state.window.accumulate({"nonfinite/skipped_steps": skipped})
+        state.updates += 1
+        state.metrics = metrics
+        state.window.add(metrics)
+        self._fire("update")
+        if self._solved():
+            state.solved_at_frames = state.frames
+            log.info("solved: training return %.1f >= %s after %d frames",
+                     state.train_return, self.stop_at_return, state.frames)
+            return False
+        return True
+
+    def _stop_requested(self) -> bool:
+        return self.state.stop_signal is not None
 
     def _account(self, batch: TensorDict, lag) -> None:
         state = self.state
@@ -252,6 +298,9 @@ class Trainer:
             state.recent_returns.extend(returns)
             state.recent_lengths.extend(lengths)
             state.episodes += len(returns)
+        if replaced := int(batch["nonfinite"].sum()):
+            state.nonfinite_frames += replaced
+            state.window.accumulate({"nonfinite/env_frames": replaced})
         mean_lag, max_lag = lag.float().mean().item(), int(lag.max())
         state.lag_sum += mean_lag
         state.lag_max = max(state.lag_max, max_lag)
@@ -318,6 +367,7 @@ def summarize(s: TrainState, status: str, stop_at_return: float | None) -> dict[
             "max_lag": s.lag_max,
             "dropped_batches": s.dropped_batches,
         },
+        "nonfinite": {"env_frames": s.nonfinite_frames, "skipped_steps": s.skipped_steps},
     }
     # Without a target return (stop_at_return null, or an env without a threshold) solved is null.
     summary["solved"] = None if stop_at_return is None else s.solved_at_frames is not None

@@ -14,7 +14,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rltrain.algos.finite import MODES as NONFINITE_ALGO
 from rltrain.algos.networks import ACTIVATIONS
+from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.errors import ConfigError
 from rltrain.hooks.base import SCHEDULE_UNITS
@@ -63,6 +65,8 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("trainer.stop_at_return", lambda v: v is None or v == "auto" or isinstance(v, numbers.Real),
      "a number, auto (the env's reward threshold) or null (never stop early)", ""),
     ("env.num_envs", _positive_int, "an integer >= 1", ""),
+    ("env.nonfinite", lambda v: v in NONFINITE_ENV, " or ".join(NONFINITE_ENV), ""),
+    ("algo.nonfinite", lambda v: v in NONFINITE_ALGO, " or ".join(NONFINITE_ALGO), ""),
     ("collector.frames_per_batch", _positive_int, "an integer >= 1", ""),
     ("collector.workers", _positive_int, "an integer >= 1", ""),
     ("collector.envs_per_worker", _positive_int, "an integer >= 1", ""),

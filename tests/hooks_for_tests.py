@@ -64,3 +64,20 @@ class SignalAt(Hook):
             self.sent = True
             for _ in range(self.times):
                 os.kill(os.getpid(), getattr(signal, self.signal))
+
+
+class SignalDuringUpdate(Hook):
+    """Sends its own process ``signal`` ``delay_s`` after batch ``at_batch`` arrives, that is, while
+    the update on that batch is under way (as a scheduler's SIGTERM would land)."""
+
+    def __init__(self, at_batch: int, delay_s: float = 0.3, signal: str = "SIGTERM", every=None):
+        super().__init__(every)
+        self.at_batch, self.delay_s, self.signal = at_batch, delay_s, signal
+
+    def on_batch(self, state, batch):
+        import os
+        import signal
+        import threading
+
+        if state.batches == self.at_batch:
+            threading.Timer(self.delay_s, os.kill, (os.getpid(), getattr(signal, self.signal))).start()

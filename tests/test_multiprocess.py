@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import functools
 import gc
+import json
 import multiprocessing as mp
 from multiprocessing import resource_tracker
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -122,15 +124,16 @@ def test_async_workers_never_act_with_a_mix_of_two_versions(scheme_name, no_left
         collector.close()
 
 
-def test_a_worker_exception_comes_back_with_its_traceback(no_leftovers):
+def test_a_worker_exception_comes_back_as_one_paragraph_with_its_traceback_beside_it(no_leftovers):
     _, _, collector = start(SharedMemSync(), env_id="tests.toy_envs:Faulty-v0", fault="raise", at_step=3)
     try:
         with pytest.raises(CollectorError) as err:
             for _ in collector:
                 pass
-        message = str(err.value)
-        assert "a collector worker raised" in message and "Traceback" in message
-        assert "RuntimeError: env exploded at step 3" in message
+        assert re.fullmatch(r"collector worker \d \(pid \d+\) failed: EnvError: env tests.toy_envs:Faulty-v0 "
+                            r"\(env \d of 2\) raised in step\(\) at its step 3: RuntimeError: env exploded at step 3",
+                            str(err.value))
+        assert "Traceback" in err.value.details and "env exploded at step 3" in err.value.details
     finally:
         collector.close()
 
@@ -233,8 +236,10 @@ def test_a_worker_failure_is_the_runs_status_in_summary_json(tmp_path, no_leftov
                       "+env.kwargs.at_step=40", "trainer.stop_at_return=null")
     with pytest.raises(CollectorError, match="env exploded at step 40"):
         build(cfg, run_dir=tmp_path).fit()
-    summary = (tmp_path / "summary.json").read_text()
-    assert '"status": "failed: CollectorError: a collector worker raised' in summary
+    status = json.loads((tmp_path / "summary.json").read_text())["status"]
+    assert re.fullmatch(r"failed: CollectorError: collector worker \d \(pid \d+\) failed: EnvError: env "
+                        r"tests.toy_envs:Faulty-v0 \(env \d of 8\) raised in step\(\) at its step 40: "
+                        r"RuntimeError: env exploded at step 40", status)  # one paragraph, not a traceback
 
 
 def session_processes(sid: int) -> list[int]:

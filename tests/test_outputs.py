@@ -50,6 +50,16 @@ def test_summary_and_metrics_hold_the_contract_keys(tmp_path):
     assert all(r["sync/lag"] == 0 for r in rows if "sync/lag" in r)
 
 
+def test_the_last_metrics_row_and_the_summary_agree_on_the_eval_return(tmp_path):
+    # Evaluations every 1024 frames and one log row for the whole run: its window holds four of them.
+    cfg = make_config("trainer.total_frames=4096", "trainer.stop_at_return=null", "hooks.eval.every={frames:1024}",
+                      "hooks.eval.episodes=3", "hooks.log.every.seconds=3600")
+    summary = build(cfg, run_dir=tmp_path).fit()
+    last = read_jsonl(tmp_path / "metrics.jsonl")[-1]
+    assert last["frames"] == summary["frames"] == 4096
+    assert last["eval/return"] == summary["eval_return"]  # the latest evaluation, not a mean of the window's
+
+
 def test_summary_says_failed_when_a_hook_raises(tmp_path):
     cfg = make_config("+hooks.bad._target_=tests.hooks_for_tests.FailingHook", "+hooks.bad.at_update=2",
                       "trainer.total_frames=4096")
@@ -150,3 +160,31 @@ def read_wandb_records(path):
             record.ParseFromString(payload)
             payload = b""
             yield record
+
+
+def test_the_readmes_python_example_runs_as_written(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("<!-- python-example -->", 1)[1].split("<!-- /python-example -->", 1)[0]
+    code = block.split("```python\n", 1)[1].split("```", 1)[0]
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert result.returncode == 0, result.stderr
+    status, frames, eval_return, run_dir = result.stdout.split()[-4:]
+    assert status == "completed" and int(frames) >= 512 and float(eval_return) > 9
+    summary = json.loads((tmp_path / run_dir / "summary.json").read_text())
+    assert summary["frames"] == int(frames) and (tmp_path / run_dir).parent.parent == tmp_path / "outputs"
+
+
+def test_help_shows_each_keys_comment(tmp_path):
+    result = run_cli("--help", "algo=sac", "env=pendulum", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    lines = {line.split(":", 1)[0].strip(): line for line in result.stdout.splitlines() if ":" in line}
+
+    def comment(key):
+        return lines[key].split("# ", 1)[1] if "# " in lines[key] else None
+
+    assert comment("critic_lr") == "critics' learning rate (Adam)"  # from SAC's signature
+    assert comment("num_envs") == "envs stepped together per collector"  # from env/pendulum.yaml
+    assert comment("total_frames") == "env frames to collect (all envs together)"  # from config.yaml
+    assert comment("resume").endswith("none: start fresh)")  # a comment continued on the next line
+    assert "algo: ppo, sac" in result.stdout  # the groups are still listed

@@ -124,7 +124,7 @@ def test_a_second_run_in_a_live_runs_dir_stops_before_writing_anything(tmp_path)
 def test_two_resume_auto_runs_cannot_both_continue_one_run(tmp_path):
     original = start_cli(*LONG_RUN, cwd=tmp_path)
     runs = tmp_path / "outputs"
-    wait_for(lambda: list(runs.glob("*/*/checkpoints/frames_*.pt")))
+    wait_for(lambda: list(runs.glob("*/*/checkpoints/frames_*.pt")) and list(runs.glob("*/*/metrics.jsonl")))
     stop(original)
     run_dir = next(runs.glob("*/*/checkpoints")).parent
     rows_before = len((run_dir / "metrics.jsonl").read_text().splitlines())

@@ -102,6 +102,38 @@ def test_lock_step_workers_resume_exactly_and_async_ones_on_fresh_episodes(tmp_p
     assert "envs start fresh episodes" in caplog.text
 
 
+LONG_UPDATES = {  # updates of ~2,000 gradient steps each: a stop request lands in the middle of one
+    "sac": ("algo=sac", "env=pendulum", "env.num_envs=4", "collector.frames_per_batch=200", "algo.warmup_frames=200",
+            "algo.utd=10", "algo.batch_size=32", "algo.network.hidden_sizes=[32,32]",
+            "algo.critic_hidden_sizes=[32,32]", "trainer.total_frames=600", "trainer.stop_at_return=null", "seed=3",
+            "~hooks.log.every", "+hooks.log.every={frames:200}"),
+    "ppo": ("algo.epochs=250", "algo.minibatch_size=64", "trainer.total_frames=1536", "trainer.stop_at_return=null",
+            "seed=3", "~hooks.log.every", "+hooks.log.every={frames:512}"),
+}
+
+
+@pytest.mark.parametrize("algo", LONG_UPDATES)
+def test_a_stop_request_ends_a_long_update_between_gradient_steps_and_resumes_exactly(algo, tmp_path):
+    run, batch = LONG_UPDATES[algo], {"sac": 200, "ppo": 512}[algo]
+    reference = build(make_config(*run), run_dir=tmp_path / "full").fit()
+    stop_mid_update = ("+hooks.kill._target_=tests.hooks_for_tests.SignalDuringUpdate", "+hooks.kill.at_batch=2")
+    stopped = build(make_config(*run, *stop_mid_update), run_dir=tmp_path / "split").fit()
+    assert stopped["status"] == "interrupted"
+    assert stopped["frames"] == 2 * batch and stopped["updates"] == 1  # the second update did not finish...
+    saved = checkpoint.load(checkpoint.listing(tmp_path / "split")[-1])
+    assert saved["trainer"]["mid_update_frames"] == batch
+    pending = saved["algo"]["pending"]
+    if algo == "sac":  # ...and stopped long before its end: most of its gradient steps are still owed
+        assert len(pending["metrics"]) < pending["steps"] / 2 and pending["steps"] == 2000
+    else:
+        assert pending["epoch"] < 250 / 2
+
+    final = build(make_config(*run, f"resume={tmp_path / 'split'}")).fit()
+    assert final["status"] == "completed"
+    assert (final["frames"], final["updates"]) == (reference["frames"], reference["updates"])
+    assert learning_rows(tmp_path / "split") == learning_rows(tmp_path / "full")
+
+
 def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     run = ("trainer.total_frames=6144", "trainer.stop_at_return=null",
            "~hooks.checkpoint.every", "+hooks.checkpoint.every={frames:2048}", "hooks.checkpoint.keep_last=5")

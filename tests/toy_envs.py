@@ -59,6 +59,8 @@ class FaultyEnv(gym.Env):
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)
+        if self.fault == "raise_on_reset":
+            raise RuntimeError("env could not connect to its simulator")
         return np.zeros(4, dtype=np.float32), {}
 
     def step(self, action):
@@ -91,3 +93,52 @@ class UnpicklableCartPole(CartPoleEnv):
 
 
 gym.register("UnpicklableCartPole-v0", entry_point=UnpicklableCartPole, max_episode_steps=500)
+
+
+class NonFiniteEnv(gym.Env):
+    """CartPole-shaped env whose ``key`` (observation or reward; reset_observation: what reset returns) is
+    ``value`` (nan, inf, -inf) at every
+    ``every``-th step it takes, counted across episodes; ``reward`` is the reward of the other steps
+    (1e30 is finite, but no float32 loss survives it). ``continuous``: a 1-D Box action space."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
+
+    def __init__(self, key: str = "observation", value: str = "nan", every: int = 30, reward: float = 1.0,
+                 continuous: bool = False):
+        self.key, self.value, self.every, self.reward, self.steps = key, float(value), every, reward, 0
+        self.action_space = gym.spaces.Box(-1.0, 1.0, shape=(1,)) if continuous else gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        obs = np.zeros(4, dtype=np.float32)
+        if self.key == "reset_observation":
+            obs[0] = self.value
+        return obs, {}
+
+    def step(self, action):
+        self.steps += 1
+        obs, reward = np.zeros(4, dtype=np.float32), self.reward
+        if self.every and self.steps % self.every == 0:
+            if self.key == "observation":
+                obs[1] = self.value
+            else:
+                reward = self.value
+        return obs, reward, False, False, {}
+
+
+gym.register("NonFinite-v0", entry_point=NonFiniteEnv, max_episode_steps=1000)
+
+
+class SlowStartCartPole(CartPoleEnv):
+    """CartPole that takes ``delay_s`` to start in a worker process (a simulator booting)."""
+
+    def __init__(self, delay_s: float = 10.0, **kwargs):
+        super().__init__(**kwargs)
+        import multiprocessing as mp
+        import time
+
+        if mp.parent_process() is not None:
+            time.sleep(delay_s)
+
+
+gym.register("SlowStartCartPole-v0", entry_point=SlowStartCartPole, max_episode_steps=500)

@@ -1,18 +1,21 @@
 """Proximal Policy Optimization with the clipped surrogate objective (Schulman et al. 2017).
 
 Read top to bottom: hyperparameters, then ``update``: values and GAE advantages for the whole
-batch, then ``epochs`` passes of shuffled minibatches over the clipped policy loss, the
-(optionally clipped) value loss and the entropy bonus.
+batch (``_prepare``), then ``epochs`` passes of shuffled minibatches over the clipped policy loss,
+the (optionally clipped) value loss and the entropy bonus (``_optimize``). A stop request between
+two minibatches keeps the rest of the update in ``state_dict``, so a resumed run finishes it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from rltrain.algos.advantages import gae
+from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
 
 if TYPE_CHECKING:
@@ -43,6 +46,7 @@ class PPO:
         norm_adv: bool = True,  # normalize advantages per minibatch
         target_kl: float | None = None,  # stop the epochs early once the approximate KL exceeds this
         adam_eps: float = 1e-5,  # Adam epsilon
+        nonfinite: str = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
     ):
         self.policy = policy
         self.device = torch.device(device)
@@ -56,19 +60,36 @@ class PPO:
         # fused: one kernel per step for all parameters (CPU and CUDA), ~12% faster updates than foreach here.
         self._params = list(policy.parameters())
         self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, fused=True)
+        self.guard = NonFiniteGuard({"ppo": self.optimizer}, nonfinite, self.device)
         self.frames = 0
+        self._pending: dict | None = None  # the update under way: its data and how far it got
 
     def state_dict(self) -> dict:
-        """Everything a resumed run needs: weights (obs statistics included), optimizer, lr position."""
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "frames": self.frames}
+        """Everything a resumed run needs: weights (obs statistics included), optimizer, lr position,
+        and the rest of an update that a stop request interrupted."""
+        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "frames": self.frames,
+                "nonfinite": self.guard.state_dict(), "pending": self._pending}
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.frames = state["frames"]
+        if "nonfinite" in state:
+            self.guard.load_state_dict(state["nonfinite"])
+        self._pending = state.get("pending")
 
-    def update(self, batch: TensorDict) -> dict[str, float]:
-        """One PPO update on a ``[T, N]`` batch from a collector; returns loss and diagnostic metrics."""
+    def update(self, batch: TensorDict | None, should_stop: Callable[[], bool] = lambda: False) -> dict | None:
+        """One PPO update on a ``[T, N]`` batch from a collector; returns loss and diagnostic metrics.
+
+        Returns None if ``should_stop()`` turned true between two minibatch steps; ``update(None)``
+        (after a resume from ``state_dict``) then finishes that update exactly where it stopped.
+        """
+        if batch is not None:
+            self._pending = self._prepare(batch)
+        return self._optimize(self._pending, should_stop)
+
+    def _prepare(self, batch: TensorDict) -> dict:
+        """The lr schedule's step, values and GAE advantages for the whole batch, flattened."""
         policy, batch = self.policy, batch.to(self.device, non_blocking=True)
         if self.anneal_lr:
             self.optimizer.param_groups[0]["lr"] = self.lr * max(1.0 - self.frames / self.total_frames, 0.0)
@@ -83,13 +104,24 @@ class PPO:
                              self.gamma, self.gae_lambda)
             returns = advantages + value
         obs, action = obs.flatten(0, 1), action.flatten(0, 1)
-        old_log_prob, old_value = batch["log_prob"].flatten(), value.flatten()
-        advantages, returns = advantages.flatten(), returns.flatten()
+        return {"obs": obs, "action": action, "old_log_prob": batch["log_prob"].flatten(), "old_value": value.flatten(),
+                "advantages": advantages.flatten(), "returns": returns.flatten(),
+                "epoch": 0, "perm": None, "next": 0, "losses": [], "diagnostics": []}
 
-        n = obs.shape[0]
-        losses, diagnostics = [], []
-        for _epoch in range(self.epochs):
-            for idx in torch.randperm(n, device=self.device).split(self.minibatch_size):
+    def _optimize(self, p: dict, should_stop: Callable[[], bool]) -> dict | None:
+        """The epochs of minibatch steps, from where ``p`` (the pending update) got to."""
+        policy = self.policy
+        obs, action, old_log_prob, old_value = p["obs"], p["action"], p["old_log_prob"], p["old_value"]
+        advantages, returns = p["advantages"], p["returns"]
+        while p["epoch"] < self.epochs:
+            if p["perm"] is None:
+                p["perm"] = torch.randperm(obs.shape[0], device=self.device)
+            minibatches = p["perm"].split(self.minibatch_size)
+            for k in range(p["next"], len(minibatches)):
+                if should_stop():
+                    p["next"] = k
+                    return None
+                idx = minibatches[k]
                 log_prob, entropy, new_value = policy.evaluate(obs[idx], action[idx])
                 log_ratio = log_prob - old_log_prob[idx]
                 ratio = log_ratio.exp()
@@ -111,26 +143,29 @@ class PPO:
                 loss = policy_loss - self.ent_coef * entropy_loss + self.vf_coef * value_loss
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
-                nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True)
+                grad_norm = nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True)
+                self.guard.check("ppo", loss, grad_norm=grad_norm)  # a NaN/inf step is skipped
                 self.optimizer.step()
 
-                losses.append(torch.stack([policy_loss, value_loss, entropy_loss]).detach())
+                p["losses"].append(torch.stack([policy_loss, value_loss, entropy_loss]).detach())
 
             # Diagnostics on the epoch's last minibatch (per minibatch they would cost ~5% of the update).
             with torch.no_grad():
                 approx_kl = ((ratio - 1) - log_ratio).mean()  # the low-variance k3 estimator
                 clip_fraction = ((ratio - 1).abs() > self.clip_coef).float().mean()
-            diagnostics.append(torch.stack([approx_kl, clip_fraction]))
+            p["diagnostics"].append(torch.stack([approx_kl, clip_fraction]))
+            p["epoch"], p["perm"], p["next"] = p["epoch"] + 1, None, 0
             if self.target_kl is not None and approx_kl.item() > self.target_kl:
                 break
+        self._pending = None
 
         # Fold this batch into the observation statistics only now, so the epochs above used the
         # same normalization the collector acted with; the next push carries the new statistics.
         policy.obs_norm.update(obs)
 
-        mean = torch.stack(losses).mean(0).tolist() + torch.stack(diagnostics).mean(0).tolist()
+        mean = torch.stack(p["losses"]).mean(0).tolist() + torch.stack(p["diagnostics"]).mean(0).tolist()
         explained_var = 1 - (returns - old_value).var() / returns.var().clamp_min(1e-8)
-        return {
+        metrics = {
             "loss/policy": mean[0],
             "loss/value": mean[1],
             "loss/entropy": mean[2],
@@ -139,3 +174,6 @@ class PPO:
             "ppo/explained_variance": explained_var.item(),
             "ppo/lr": self.optimizer.param_groups[0]["lr"],
         }
+        if skipped := self.guard.report():
+            metrics["nonfinite/skipped_steps"] = skipped
+        return metrics

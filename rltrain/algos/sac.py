@@ -4,16 +4,19 @@ Read top to bottom: hyperparameters; ``update`` stores a collector batch in the 
 after ``warmup_frames``, runs ``utd`` gradient steps per collected frame. Each ``_step``: the
 twin-Q target with the entropy term, the critics' loss, the actor's loss (min of the twin Qs),
 the temperature's loss, then the Polyak target update. Bootstrapping stops only on termination,
-not truncation (``("next", "observation")`` is the true final observation).
+not truncation (``("next", "observation")`` is the true final observation). A stop request between
+two gradient steps keeps the steps still owed in ``state_dict``, so a resumed run finishes them.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
 
+from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import SquashedGaussianActor, TwinQ
 from rltrain.data import ReplayBuffer
 
@@ -45,6 +48,7 @@ class SAC:
         alpha: float = 1.0,  # initial entropy temperature
         autotune: bool = True,  # learn alpha so the policy's entropy tracks target_entropy
         target_entropy: float | None = None,  # null: -action_dim
+        nonfinite: str = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
     ):
         self.policy, self.device, self.total_frames = policy, torch.device(device), total_frames
         self.gamma, self.tau, self.batch_size, self.utd = gamma, tau, batch_size, utd
@@ -57,10 +61,15 @@ class SAC:
         self.log_alpha = torch.tensor(float(alpha), device=self.device).log().requires_grad_(autotune)
         self.actor_optimizer = torch.optim.Adam(policy.parameters(), lr=lr, fused=True)
         self.critic_optimizer = torch.optim.Adam(self.q.parameters(), lr=critic_lr, fused=True)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr) if autotune else None
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr, fused=True) if autotune else None
+        optimizers = {"critic": self.critic_optimizer, "actor": self.actor_optimizer}
+        self.guard = NonFiniteGuard(optimizers | ({"alpha": self.alpha_optimizer} if autotune else {}),
+                                    nonfinite, self.device)
+        self._critic_params, self._actor_params = list(self.q.parameters()), list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
         self.frames = 0
         self._owed_steps = 0.0  # fractional gradient steps carried between batches
+        self._pending: dict | None = None  # the update under way: gradient steps left, metrics so far
 
     def state_dict(self, replay_buffer: bool = True) -> dict:
         """Networks, targets, optimizers, temperature, counters and (optionally) the replay buffer."""
@@ -73,6 +82,8 @@ class SAC:
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "frames": self.frames,
             "owed_steps": self._owed_steps,
+            "nonfinite": self.guard.state_dict(),
+            "pending": self._pending,
         }
         if self.alpha_optimizer is not None:
             state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
@@ -92,28 +103,48 @@ class SAC:
         if self.alpha_optimizer is not None and "alpha_optimizer" in state:
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
         self.frames, self._owed_steps = state["frames"], state["owed_steps"]
+        if "nonfinite" in state:
+            self.guard.load_state_dict(state["nonfinite"])
+        self._pending = state.get("pending")
         if "replay_buffer" in state:
             self.buffer.load_state_dict(state["replay_buffer"])
 
-    def update(self, batch: TensorDict) -> dict[str, float]:
+    def update(self, batch: TensorDict | None, should_stop: Callable[[], bool] = lambda: False) -> dict | None:
+        """Store ``batch``, then run the gradient steps it is owed; returns the steps' mean metrics.
+
+        Returns None if ``should_stop()`` turned true between two gradient steps; ``update(None)``
+        (after a resume from ``state_dict``) then runs the steps still owed.
+        """
+        if batch is not None:
+            self._pending = {"steps": self._store(batch), "metrics": []}
+        p = self._pending
+        while len(p["metrics"]) < p["steps"]:
+            if should_stop():
+                return None
+            p["metrics"].append(self._step())
+        self._pending = None
+        metrics = {"sac/buffer_frames": len(self.buffer)}
+        if p["metrics"]:
+            mean = torch.stack(p["metrics"]).mean(0).tolist()
+            metrics |= {"loss/critic": mean[0], "loss/actor": mean[1], "loss/alpha": mean[2], "sac/alpha": mean[3],
+                        "sac/q": mean[4], "sac/entropy": mean[5]}
+        if skipped := self.guard.report():
+            metrics["nonfinite/skipped_steps"] = skipped
+        return metrics
+
+    def _store(self, batch: TensorDict) -> int:
+        """Add ``batch`` to the replay buffer; the number of gradient steps it is owed (none in warm-up)."""
         frames = batch.numel()
         self.frames += frames
         self.buffer.extend(batch.select(*_STORED_KEYS))
         self.policy.obs_norm.update(batch["observation"].to(self.device))
         if self.frames < self.warmup_frames:
-            return {"sac/buffer_frames": len(self.buffer)}
+            return 0
         if self.policy.uniform:
             self.policy.uniform.fill_(False)  # collectors stop acting uniformly with the next push
         self._owed_steps += self.utd * frames
         steps, self._owed_steps = int(self._owed_steps), self._owed_steps - int(self._owed_steps)
-        metrics = []
-        for _ in range(steps):
-            metrics.append(self._step())
-        if not metrics:
-            return {"sac/buffer_frames": len(self.buffer)}
-        mean = torch.stack(metrics).mean(0).tolist()
-        return {"loss/critic": mean[0], "loss/actor": mean[1], "loss/alpha": mean[2], "sac/alpha": mean[3],
-                "sac/q": mean[4], "sac/entropy": mean[5], "sac/buffer_frames": len(self.buffer)}
+        return steps
 
     def _step(self) -> torch.Tensor:
         policy, q, q_target = self.policy, self.q, self.q_target
@@ -131,6 +162,7 @@ class SAC:
         critic_loss = 0.5 * (q_values - target).square().mean(1).sum()
         self.critic_optimizer.zero_grad(set_to_none=True)
         critic_loss.backward()
+        self.guard.check("critic", critic_loss, self._critic_params)  # a NaN/inf step is skipped
         self.critic_optimizer.step()
 
         # Actor: maximize min-Q plus entropy, through the reparameterized sample. The critics are
@@ -142,6 +174,7 @@ class SAC:
         self.actor_optimizer.zero_grad(set_to_none=True)
         actor_loss.backward()
         q.requires_grad_(True)
+        self.guard.check("actor", actor_loss, self._actor_params)
         self.actor_optimizer.step()
 
         # Temperature: raise alpha when entropy is below target, lower it when above.
@@ -150,6 +183,7 @@ class SAC:
             alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
             self.alpha_optimizer.zero_grad(set_to_none=True)
             alpha_loss.backward()
+            self.guard.check("alpha", alpha_loss, [self.log_alpha])
             self.alpha_optimizer.step()
 
         # Targets move a fraction tau towards the online critics.

@@ -56,6 +56,7 @@ class MultiprocessCollector:
         if frames_per_batch % envs_per_batch:
             raise ValueError(f"frames_per_batch ({frames_per_batch}) must be a multiple of {envs_per_batch}")
         self.mode, self.workers, self.max_lag, self.timeout_s = mode, workers, max_lag, timeout_s
+        self._env_id = env_spec.id
         self.frames_per_batch = frames_per_batch
         steps = frames_per_batch // envs_per_batch
         n_buffers = 1 if mode == "sync" else 2
@@ -135,7 +136,9 @@ class MultiprocessCollector:
                     except (EOFError, OSError):
                         self._raise_dead(i)
                     if msg[0] == "error":
-                        raise CollectorError(f"a collector worker raised:\n{msg[1]}")
+                        when = " while starting" if what == "ready" else ""
+                        raise CollectorError(f"collector worker {i} (pid {self._procs[i].pid}) failed{when}: {msg[1]}",
+                                             details=msg[2])
                     if msg[0] != what:  # out of step: never read a buffer the worker may be writing
                         raise CollectorError(f"collector worker {i} sent {msg[0]!r} while the learner waited for "
                                              f"{what!r}")
@@ -145,15 +148,20 @@ class MultiprocessCollector:
             if messages:
                 return messages
             if time.monotonic() > deadline:
+                pids = ", ".join(str(self._procs[i].pid) for i in sorted(workers))
                 raise CollectorError(f"no {what!r} message from collector worker(s) {sorted(workers)} within "
-                                     f"{self.timeout_s}s (collector.timeout_s); they are alive but stuck")
+                                     f"{self.timeout_s}s (collector.timeout_s); they are alive but stuck (pids "
+                                     f"{pids}; a {self._env_id} step or reset that never returns?). If the env is "
+                                     "just slow, raise collector.timeout_s")
 
     def _raise_dead(self, i: int):
         proc = self._procs[i]
         proc.join(timeout=1.0)
         code = proc.exitcode
         how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
-        raise CollectorError(f"collector worker {i} (pid {proc.pid}) died ({how})")
+        hint = ("; SIGKILL often comes from the out-of-memory killer (see dmesg)" if code == -signal.SIGKILL else
+                "; an env that calls os._exit or crashes its interpreter?" if code not in (None, 0) else "")
+        raise CollectorError(f"collector worker {i} (pid {proc.pid}) died ({how}) while stepping {self._env_id}{hint}")
 
     def state_dict(self) -> dict | None:
         """sync mode: every worker's envs mid-episode and its sampling generator, asked for between

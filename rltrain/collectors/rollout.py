@@ -19,7 +19,7 @@ log = logging.getLogger("rltrain")
 
 # Per-frame arrays of a batch of shape [T, N]. ``next_observation`` becomes ("next", "observation").
 FRAME_KEYS = ("observation", "next_observation", "action", "log_prob", "reward", "terminated", "truncated",
-              "episode_return", "episode_length", "policy_version")
+              "episode_return", "episode_length", "policy_version", "nonfinite")
 
 
 def frame_layout(spec: EnvSpec, steps: int, num_envs: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
@@ -36,6 +36,7 @@ def frame_layout(spec: EnvSpec, steps: int, num_envs: int) -> dict[str, tuple[tu
         "episode_return": (tn, np.float32),
         "episode_length": (tn, np.int64),
         "policy_version": (tn, np.int64),
+        "nonfinite": (tn, np.bool_),  # env.nonfinite=replace: this step's NaN/inf observation or reward became 0
     }
 
 
@@ -70,6 +71,7 @@ class Rollout:
         o_obs, o_next, o_act, o_logp = out["observation"], out["next_observation"], out["action"], out["log_prob"]
         o_rew, o_term, o_trunc = out["reward"], out["terminated"], out["truncated"]
         o_ret, o_len, o_ver = out["episode_return"], out["episode_length"], out["policy_version"]
+        o_nonfinite = out["nonfinite"] if env.nonfinite == "replace" else None  # else never set
         receiver.poll()  # new weights, if any, only at this boundary (or between steps, below)
         with torch.inference_mode():
             for t in range(o_rew.shape[0]):
@@ -83,6 +85,8 @@ class Rollout:
                 next_obs, reward, terminated, truncated, obs = env.step(o_act[t])
                 o_next[t], o_rew[t] = next_obs, reward
                 o_term[t], o_trunc[t] = terminated, truncated
+                if o_nonfinite is not None:
+                    o_nonfinite[t] = env.replaced
                 ep_return += reward
                 ep_length += 1
                 o_ret[t], o_len[t] = ep_return, ep_length

@@ -3,7 +3,8 @@
 Messages on the worker's pipe, learner -> worker: ``("collect",)`` (sync mode), ``("free", slot)``
 (async mode: the learner has copied that buffer out), ``("state",)`` and ``("load", state)``
 (sync mode, between batches: for checkpoints), ``("close",)``. Worker -> learner: ``("ready",)``,
-``("batch", slot)``, ``("state", state)``, ``("loaded", error_or_None)``, ``("error", traceback_text)``. Frames travel through the
+``("batch", slot)``, ``("state", state)``, ``("loaded", error_or_None)``, ``("error", what, traceback_text)``
+(``what``: the exception's type and message, e.g. the env's own error). Frames travel through the
 shared-memory buffers, never through the pipe.
 """
 
@@ -73,9 +74,9 @@ def worker_main(
                 conn.send(("batch", slot))
     except _Closed:
         pass
-    except BaseException:  # noqa: BLE001  (everything goes back to the learner)
+    except BaseException as e:  # noqa: BLE001  (everything goes back to the learner)
         try:
-            conn.send(("error", f"collector worker {index}:\n{traceback.format_exc()}"))
+            conn.send(("error", f"{type(e).__name__}: {e}", f"collector worker {index}:\n{traceback.format_exc()}"))
         except OSError:
             pass
         sys.exit(1)

@@ -2,19 +2,25 @@
 
 Each env resets itself the moment its episode ends, and the step that ended it still reports
 the true final observation, so a truncated episode can bootstrap from where it really stopped.
+An env that raises, or returns a NaN or infinite observation or reward, fails with an EnvError
+naming it, its step and the key (or, with ``nonfinite="replace"``, such values become 0 and the
+envs they came from are flagged in ``replaced``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import math
 from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
 from rltrain.envs import env_state
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, EnvError
+
+NONFINITE = ("error", "replace")  # what a NaN/inf observation or reward does: fail the run, or become 0
 
 
 @dataclass(frozen=True)
@@ -98,9 +104,13 @@ class BatchedEnv:
     """
 
     def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
-                 reward_threshold: float | None = None, render_mode: str | None = None):
+                 reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error"):
+        if nonfinite not in NONFINITE:
+            raise ValueError(f"nonfinite must be one of {NONFINITE} (got {nonfinite!r})")
         self.id = id
         self.num_envs = num_envs
+        self.nonfinite = nonfinite
+        self.steps = 0  # steps taken by every env of this batch (what error messages count in)
         kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
         self.envs = [make_gym_env(id, kwargs) for _ in range(num_envs)]
         self.spec = spec_from_env(id, self.envs[0])
@@ -112,13 +122,20 @@ class BatchedEnv:
         self._reward = np.zeros(num_envs, dtype=np.float32)
         self._terminated = np.zeros(num_envs, dtype=bool)
         self._truncated = np.zeros(num_envs, dtype=bool)
+        self.replaced = np.zeros(num_envs, dtype=bool)  # envs whose last step had NaN/inf values set to 0
         if not self.spec.discrete:
             self._low, self._high = self.spec.action_low, self.spec.action_high
 
     def reset(self) -> np.ndarray:
         for i, env in enumerate(self.envs):
-            self._obs[i], _ = env.reset(seed=self.seed + i)
+            try:
+                self._obs[i], _ = env.reset(seed=self.seed + i)
+            except Exception as e:  # noqa: BLE001  (whatever the env raises: name the env and the call)
+                raise self._raised(i, "reset", e, self.steps) from e
             env.action_space.seed(self.seed + i)
+        self.replaced[:] = False
+        if not np.isfinite(self._obs).all():
+            self._nonfinite("observation", self._obs, "reset")
         return self._obs
 
     def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -128,16 +145,53 @@ class BatchedEnv:
             # The policy's Gaussian is unbounded; the env gets the action clipped to its box.
             actions = np.clip(actions, self._low, self._high)
         obs, next_obs = self._obs, self._next_obs
+        resets = False
         for i, env in enumerate(self.envs):
-            o, r, term, trunc, _ = env.step(actions[i])
-            next_obs[i] = o
-            self._reward[i] = r
+            try:
+                o, r, term, trunc, _ = env.step(actions[i])
+                next_obs[i] = o
+                self._reward[i] = r
+            except Exception as e:  # noqa: BLE001
+                raise self._raised(i, "step", e, self.steps + 1) from e
             self._terminated[i] = term
             self._truncated[i] = trunc
             if term or trunc:
-                o, _ = env.reset()
+                resets = True
+                try:
+                    o, _ = env.reset()
+                except Exception as e:  # noqa: BLE001
+                    raise self._raised(i, "reset", e, self.steps + 1) from e
             obs[i] = o
+        self.steps += 1
+        if self.nonfinite == "replace":
+            self.replaced[:] = False
+        # One cheap test per step: a sum is NaN or inf if any term is (or if it overflows: then the
+        # slow path finds nothing to fix). Only the slow path looks for which env and key.
+        if not math.isfinite(self._reward.sum() + next_obs.sum() + (obs.sum() if resets else 0.0)):
+            self._nonfinite("reward", self._reward, "step")
+            self._nonfinite("observation", next_obs, "step")
+            ongoing = ~(self._terminated | self._truncated)
+            obs[ongoing] = next_obs[ongoing]  # what the policy sees next, where no episode ended
+            self._nonfinite("observation", obs, "reset")
         return next_obs, self._reward, self._terminated, self._truncated, obs
+
+    def _raised(self, i: int, method: str, error: Exception, step: int) -> EnvError:
+        return EnvError(f"env {self.id} (env {i} of {self.num_envs}) raised in {method}() at its step {step}: "
+                        f"{type(error).__name__}: {error}")
+
+    def _nonfinite(self, key: str, values: np.ndarray, method: str) -> None:
+        """Fail naming the first env whose ``key`` is NaN/inf, or (replace) set those values to 0."""
+        bad = ~np.isfinite(values.reshape(self.num_envs, -1)).all(1)
+        if not bad.any():
+            return
+        if self.nonfinite == "error":
+            i = int(bad.argmax())
+            raise EnvError(f"env {self.id} (env {i} of {self.num_envs}) returned a non-finite {key} "
+                           f"({values[i].tolist()}) from {method}() at its step {self.steps}; fix the env, or set "
+                           "env.nonfinite=replace to replace such values by 0 and count them "
+                           "(nonfinite/env_frames)")
+        np.nan_to_num(values, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
+        self.replaced |= bad
 
     def state_dict(self) -> list[bytes] | None:
         """Every env's full state (see ``env_state``), or None if one of them cannot be captured."""

@@ -38,7 +38,7 @@ class Schedule:
         """Count the multiples already behind ``state`` as done (a resumed run starts mid-way)."""
         self._last_time = time.monotonic()
         if self.unit != "seconds":
-            self._last_mark = int(getattr(state, self.unit) // self.n)
+            self._last_mark = int(state.count_at_last_update(self.unit) // self.n)
 
     def due(self, state: TrainState) -> bool:
         if self.unit == "seconds":

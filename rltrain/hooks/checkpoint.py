@@ -67,13 +67,17 @@ class CheckpointHook(Hook):
         t0 = time.perf_counter()
         path = checkpoint.path_for(self.run_dir, state.frames)
         algo_kwargs = {"replay_buffer": self.replay_buffer} if _takes_replay_buffer(self.algo) else {}
+        algo_state, published = self.algo.state_dict(**algo_kwargs), self.sender.published()
+        # Weights only: the replay buffer holds what the envs returned, which rltrain checks as it arrives.
+        checkpoint.check_finite({k: v for k, v in algo_state.items() if k != "replay_buffer"}, "algo")
+        checkpoint.check_finite(published, "published")
         checkpoint.save(path, {
             "format": checkpoint.FORMAT,
             "frames": state.frames,
             "algo_class": type(self.algo).__name__,
             "trainer": state.state_dict(),
-            "algo": self.algo.state_dict(**algo_kwargs),
-            "published": self.sender.published(),  # what collectors act with (older with sync.every > 1)
+            "algo": algo_state,
+            "published": published,  # what collectors act with (older with sync.every > 1)
             "collector": self.collector.state_dict() if hasattr(self.collector, "state_dict") else None,
             "loggers": {_class_path(lg): lg.state_dict() for lg in self.loggers if hasattr(lg, "state_dict")},
             "rng": checkpoint.rng_state(),

@@ -46,13 +46,14 @@ class EvalHook(Hook):
         self.episodes, self.at_end, self.max_steps = episodes, at_end, max_steps
         self.video, self.video_dir = video, Path(run_dir) / "videos"
         self._env: BatchedEnv | None = None
+        self._evaluated_at: int | None = None  # frames of the latest evaluation
 
     def on_update(self, state) -> None:
         if self.enabled:
             self.evaluate(state)
 
     def on_end(self, state) -> None:
-        if self.at_end:
+        if self.at_end and self._evaluated_at != state.frames:  # not twice at one frame count
             self.evaluate(state)
 
     def evaluate(self, state) -> float:
@@ -60,8 +61,9 @@ class EvalHook(Hook):
         if self._env is None:
             self._env = self.make_env(num_envs=self.episodes)
         returns, lengths = self._run_episodes(self._env)
-        state.eval_return = float(returns.mean())
-        state.window.add({"eval/return": state.eval_return, "eval/episode_length": float(lengths.mean())})
+        state.eval_return, self._evaluated_at = float(returns.mean()), state.frames
+        # The latest, not a mean over the log row: the last row and summary.json show the same return.
+        state.window.set({"eval/return": state.eval_return, "eval/episode_length": float(lengths.mean())})
         if self.video:
             self._record(state.frames)
         return state.eval_return

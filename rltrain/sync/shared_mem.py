@@ -7,12 +7,20 @@ copy of the weights whatever the number of collectors. A pinned slot is never wr
 collector never acts with a mix of two versions, and in-place changes to the learner's live
 weights never reach it. The slot choice and the pins are guarded by one inter-process lock held
 for microseconds; the copies happen outside it.
+
+That lock is an ``flock`` on an unnamed file, not a multiprocessing semaphore: a named semaphore
+stays in /dev/shm when the process group is SIGKILLed (only its resource tracker, killed with it,
+would unlink it), while the kernel drops an unnamed file and its locks with the last process.
 """
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
+import os
+import tempfile
 import time
+from multiprocessing import reduction
 
 import torch
 from torch import nn
@@ -28,20 +36,66 @@ from rltrain.sync.base import (
 )
 
 
+class _FileLock:
+    """An inter-process lock: ``flock`` on a file that has no name (O_TMPFILE), handed to spawned
+    processes as a file descriptor. Each process locks through an open file description of its own
+    (reopened via /proc/self/fd), since flock does not exclude holders of one description."""
+
+    def __init__(self, fd: int | None = None, owner: int | None = None):
+        self._fd = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR, 0o600) if fd is None else fd
+        self._owner = os.getpid() if owner is None else owner  # the process whose description _fd is
+
+    @staticmethod
+    def supported() -> bool:
+        return hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+
+    def __reduce__(self):  # while spawning a process: the fd travels as a Connection's does
+        return _received_lock, (reduction.DupFd(self._fd),)
+
+    def acquire(self, timeout: float) -> bool:
+        if self._owner != os.getpid():  # inherited (fork) or received (spawn): reopen as this process's
+            inherited, self._fd = self._fd, os.open(f"/proc/self/fd/{self._fd}", os.O_RDWR)
+            os.close(inherited)
+            self._owner = os.getpid()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(0.00005)
+
+    def release(self) -> None:
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def __del__(self):
+        try:
+            os.close(self._fd)
+        except OSError:
+            pass
+
+
+def _received_lock(dup) -> _FileLock:
+    return _FileLock(dup.detach(), owner=-1)
+
+
 class _Shared:
     """The state sender and receivers share: slots, the published word, one pin per receiver."""
 
     def __init__(self, slots: list[FlatWeights], timeout_s: float):
         self.slots = slots
         self.word = torch.zeros(1, dtype=torch.int64).share_memory_()  # version * len(slots) + slot
-        self.lock = mp.get_context("spawn").Lock()
+        # Elsewhere than Linux: a multiprocessing lock (which SIGKILL may leave in /dev/shm).
+        self.lock = _FileLock() if _FileLock.supported() else mp.get_context("spawn").Lock()
         self.pins: list[torch.Tensor] = []
         self.timeout_s = timeout_s
 
     def locked(self):
         if not self.lock.acquire(timeout=self.timeout_s):
             raise SyncError(f"shared_mem: weight-sync lock not acquired within {self.timeout_s}s "
-                            "(a collector process died while holding it?)")
+                            "(a collector process stopped while holding it?)")
         return _Release(self.lock)
 
 
