@@ -54,7 +54,7 @@ _PLUGINS = {
 def run(cfg: DictConfig) -> float | None:
     """Train one run; returns the final evaluation return (what an optimizing sweeper maximizes)."""
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
-    with _sigterm_like_ctrl_c():
+    with _sigterm_like_ctrl_c() as seen:
         try:
             if _sweeping():
                 check_resume_in_sweep(cfg)
@@ -65,8 +65,7 @@ def run(cfg: DictConfig) -> float | None:
                 _discard_if_unused(hydra_dir)
             return _refuse(e)
         except KeyboardInterrupt:
-            signum = _signal_seen()
-            return _stopped(signum, f"stopped by {signal.Signals(signum).name} while starting; nothing was trained")
+            return _stopped(seen.signum, f"stopped by {seen.signum.name} while starting; nothing was trained")
         except Exception as e:  # noqa: BLE001  (an env raising on reset, a worker dying at start-up)
             return _failed(e, "while starting")
         run_dir = trainer.state.run_dir
@@ -81,13 +80,13 @@ def run(cfg: DictConfig) -> float | None:
         except Exception as e:  # noqa: BLE001
             return _failed(e, f"after {trainer.state.frames:,} frames")
     if summary["status"] == "interrupted":
+        signum = signal.Signals(trainer.state.stop_signal or signal.SIGINT)
         last = checkpoint.path_for(run_dir, summary["frames"])
         saved = [p for p in checkpoint.listing(run_dir) if p.name == last.name]
         where = (f"checkpoint {saved[0].name} and summary.json in {run_dir}. Continue with: python -m rltrain "
                  f"resume={run_dir} (plus the same overrides)") if saved else (
                  f"summary.json in {run_dir}; no checkpoint (hooks.checkpoint is off), so it cannot be resumed")
-        return _exit(128 + (trainer.state.stop_signal or signal.SIGINT),
-                     f"stopped by {signal.Signals(trainer.state.stop_signal or signal.SIGINT).name}; {where}")
+        return _exit(128 + signum, f"stopped by {signum.name}; {where}")
     return summary["eval_return"]
 
 
@@ -100,7 +99,7 @@ def _refuse(e: Exception) -> None:
 
 def _failed(e: Exception, when: str) -> None:
     """One paragraph on the terminal: what failed and the fix; the full traceback goes to cli.log."""
-    details = getattr(e, "details", None) if isinstance(e, RunError) else None
+    details = e.details if isinstance(e, RunError) else None
     text = "".join(traceback.format_exception(e)) + (f"\n{details}" if details else "")
     logs = _write_to_log_files(f"the run failed {when}:\n{text}")
     if _full_error():
@@ -133,28 +132,26 @@ def _full_error() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
-_SEEN = {"signal": signal.SIGINT}
-
-
-def _signal_seen() -> int:
-    return _SEEN["signal"]
+class _SignalSeen:
+    signum = signal.SIGINT  # the signal that stopped the run at once (Ctrl-C if no handler saw one)
 
 
 @contextmanager
 def _sigterm_like_ctrl_c():
     """Until the trainer installs its own handlers (and after it restores them), SIGTERM stops the
     run at once, as Ctrl-C does, so that whatever was started is closed again."""
+    seen = _SignalSeen()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield seen
         return
 
     def handle(signum, frame):
-        _SEEN["signal"] = signum
+        seen.signum = signal.Signals(signum)
         raise KeyboardInterrupt
 
     previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        yield
+        yield seen
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -20,6 +20,7 @@ from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.errors import ConfigError
 from rltrain.hooks.base import SCHEDULE_UNITS
+from rltrain.trainer import Trainer
 
 # The top level of rltrain's config: its own keys and its config groups (config.yaml). Anything
 # else there is a typo (``+trainer.total_frame=...`` adds a key nothing reads); ``hydra`` is Hydra's.
@@ -119,9 +120,7 @@ def validate(cfg: DictConfig) -> None:
         raise ConfigError(f"the config does not resolve: {e}") from None
     _check_keys("", cfg.keys(), TOP_LEVEL_KEYS, "a top-level key of rltrain's config",
                 listed=[k for k in TOP_LEVEL_KEYS if k != "hydra"])
-    if isinstance(cfg.get("trainer"), DictConfig):
-        from rltrain.trainer import Trainer  # the trainer's keys are its constructor's arguments
-
+    if isinstance(cfg.get("trainer"), DictConfig):  # the trainer's keys are its constructor's arguments
         params = inspect.signature(Trainer).parameters
         _check_keys("trainer.", cfg.trainer.keys(), [p for p in params if p not in RUNTIME_ARGS["trainer"]],
                     "a key of trainer (the arguments of rltrain.Trainer)")
