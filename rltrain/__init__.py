@@ -6,7 +6,8 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rltrain.factory import build
-    from rltrain.trainer import Trainer, TrainState
+    from rltrain.state import TrainState
+    from rltrain.trainer import Trainer
 
 __all__ = ["TrainState", "Trainer", "build"]
 
@@ -18,8 +19,12 @@ def __getattr__(name: str):
         from rltrain.factory import build
 
         return build
-    if name in ("Trainer", "TrainState"):
-        from rltrain import trainer
+    if name == "Trainer":
+        from rltrain.trainer import Trainer
 
-        return getattr(trainer, name)
+        return Trainer
+    if name == "TrainState":
+        from rltrain.state import TrainState
+
+        return TrainState
     raise AttributeError(f"module 'rltrain' has no attribute {name!r}")

@@ -1,7 +1,8 @@
-"""Checkpoint files: what goes in one, how it is written and found, and how a run resumes from it.
+"""Checkpoints: what goes in one and how a run comes back from it (``capture`` and ``Restore``,
+side by side), and how the files are written and found.
 
 A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/frames_<N>.pt``, holding plain
-tensors and Python values (it loads with ``weights_only=True``):
+tensors and Python values (it loads with ``weights_only=True``), under these keys:
 
 - ``trainer``: counters, recent episode returns, the pending metric window, phase timings;
 - ``algo``: networks, optimizers, lr position, temperature, obs statistics, replay buffer, and the
@@ -24,14 +25,23 @@ import logging
 import os
 import random
 import re
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
-from rltrain.errors import CheckpointError, NonFiniteError
+from rltrain.errors import CheckpointError, CollectorError, NonFiniteError
+from rltrain.sync.base import named_weights
+
+if TYPE_CHECKING:
+    from rltrain.loggers import Logger
+    from rltrain.protocols import Algo, Collector
+    from rltrain.state import TrainState
+    from rltrain.sync import WeightSender, WeightSyncScheme
+    from rltrain.trainer import Trainer
 
 log = logging.getLogger("rltrain")
 
@@ -39,6 +49,112 @@ FORMAT = 1
 DIRNAME = "checkpoints"
 CONFIG_FILE = "config.json"  # the writing run's config, next to its checkpoints (for resume=auto)
 _NAME = re.compile(r"^frames_(\d+)\.pt$")
+
+
+def capture(state: TrainState, algo: Algo, collector: Collector, sender: WeightSender, loggers: Sequence[Logger],
+            config: dict, replay_buffer: bool = True) -> dict[str, Any]:
+    """Everything a run needs to go on as if it had never stopped (the keys listed above)."""
+    algo_state, published = algo.state_dict(replay_buffer=replay_buffer), sender.published()
+    # Weights only: the replay buffer holds what the envs returned, which rltrain checks as it arrives.
+    check_finite({k: v for k, v in algo_state.items() if k != "replay_buffer"}, "algo")
+    check_finite(published, "published")
+    return {
+        "format": FORMAT,
+        "frames": state.frames,
+        "algo_class": type(algo).__name__,
+        "trainer": state.state_dict(),
+        "algo": algo_state,
+        "published": published,
+        "collector": collector.state_dict(),
+        "loggers": {_class_path(type(lg)): lg.state_dict() for lg in loggers},
+        "rng": rng_state(),
+        "config": config,
+    }
+
+
+class Restore:
+    """A checkpoint being resumed from, handing each part of the run its saved state as ``build``
+    makes it (``Restore.none()`` for a fresh run: every part keeps its fresh state)."""
+
+    def __init__(self, saved: dict[str, Any] | None, path: Path | None = None):
+        self.saved, self.path = saved, path
+
+    @classmethod
+    def none(cls) -> Restore:
+        return cls(None)
+
+    @property
+    def frames(self) -> int:
+        return self.saved["frames"] if self.saved else 0
+
+    @property
+    def version(self) -> int:
+        return self.saved["trainer"]["version"] if self.saved else 0
+
+    def algo(self, algo: Algo, config: dict) -> None:
+        """Load the algo's state after checking it fits (same algorithm, same tensor shapes)."""
+        if not self.saved:
+            return
+        saved, path = self.saved, self.path
+        if saved["algo_class"] != type(algo).__name__:
+            raise CheckpointError(f"{path} holds a {saved['algo_class']} run; this config builds "
+                                  f"{type(algo).__name__}. Resume with algo="
+                                  f"{saved['config']['algo']['_target_'].rsplit('.', 1)[-1].lower()}, or start a new run")
+        check_compatible(saved["algo"], algo.state_dict(), "algo")
+        algo.load_state_dict(saved["algo"])
+        changes = config_changes(saved["config"], config)
+        log.info("resuming from %s (%d frames)%s", path, saved["frames"],
+                 "; changed: " + ", ".join(changes) if changes else "")
+
+    def sender(self, scheme: WeightSyncScheme, policy: torch.nn.Module) -> WeightSender:
+        """The scheme's sender, publishing as the saved version the weights the collectors acted with
+        when the checkpoint was taken (with sync.every > 1 or sync=none, not the learner's latest)."""
+        published = self.saved.get("published") if self.saved else None
+        if published is None:
+            return scheme.sender(policy, version=self.version)
+        weights = named_weights(policy)
+        check_compatible(published, weights, "published")
+        with torch.no_grad():
+            live = {name: tensor.clone() for name, tensor in weights.items()}
+            for name, tensor in weights.items():
+                tensor.copy_(published[name])
+            sender = scheme.sender(policy, version=self.version)  # copies what it publishes
+            for name, tensor in weights.items():  # the learner's own weights again
+                tensor.copy_(live[name])
+        return sender
+
+    def collector(self, collector: Collector) -> None:
+        """The envs mid-episode, where they were; fresh episodes if that state is missing or does not load."""
+        if not self.saved:
+            return
+        if self.saved.get("collector") is None:
+            log.info("resume: the collector's envs start fresh episodes (their state was not saved)")
+            return
+        try:
+            collector.load_state_dict(self.saved["collector"])
+        except (CollectorError, OSError):  # a worker died or stopped answering: not a matter of fresh episodes
+            raise
+        except Exception as e:  # noqa: BLE001  (env.num_envs changed, an env package upgraded, ...)
+            log.warning("resume: the collector's envs start fresh episodes (their saved state does not load: "
+                        "%s: %s)", type(e).__name__, e)
+
+    def logger(self, cls: type) -> dict | None:
+        """What a logger of class ``cls`` gets as ``resume``: its saved state and the checkpoint's
+        frame count (rows past it were written after the checkpoint and are dropped); None if fresh."""
+        if not self.saved:
+            return None
+        return {**self.saved.get("loggers", {}).get(_class_path(cls), {}), "frames": self.saved["frames"]}
+
+    def trainer(self, trainer: Trainer) -> None:
+        """Counters, windows and timings, then the random generators (last: building draws from them)."""
+        if not self.saved:
+            return
+        trainer.state.load_state_dict(self.saved["trainer"])
+        set_rng_state(self.saved["rng"])
+
+
+def _class_path(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def path_for(run_dir: Path, frames: int) -> Path:

@@ -25,11 +25,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint
 from rltrain.envs import EnvSpec
-from rltrain.errors import CheckpointError, CollectorError, ConfigError, RunDirError
+from rltrain.errors import CheckpointError, ConfigError, RunDirError
 from rltrain.loggers import JsonlLogger
 from rltrain.run_dir import RunDirLock, claim_unique, earlier_run_in
-from rltrain.sync.base import named_weights
-from rltrain.trainer import Trainer, TrainState, summarize, write_summary
+from rltrain.state import TrainState
+from rltrain.trainer import Trainer, summarize, write_summary
 from rltrain.validate import WIRING_KEYS, validate
 
 log = logging.getLogger("rltrain")
@@ -47,7 +47,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
     validate(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     ckpt_path = checkpoint.find(cfg.get("resume"), resolved, _runs_root(run_dir))
-    saved = checkpoint.load(ckpt_path) if ckpt_path else None
+    restore = checkpoint.Restore(checkpoint.load(ckpt_path), ckpt_path) if ckpt_path else checkpoint.Restore.none()
     in_place = checkpoint.run_dir_of(ckpt_path) if ckpt_path else None  # resuming a run in its own dir
     run_dir = in_place or _fresh_run_dir(run_dir)
     lock = RunDirLock.acquire(run_dir)
@@ -55,7 +55,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
         if in_place is None and (taken := earlier_run_in(run_dir)):
             raise RunDirError(f"{run_dir} already holds a run ({', '.join(taken)}); continue it with "
                               f"resume={run_dir}, or give this run another hydra.run.dir")
-        trainer = _build_parts(cfg, resolved, run_dir, lock, saved, ckpt_path)
+        trainer = _build_parts(cfg, resolved, run_dir, lock, restore)
     except BaseException as e:
         lock.release()
         if in_place is None and not isinstance(e, (ConfigError, CheckpointError, RunDirError)):
@@ -64,12 +64,14 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
             write_summary(run_dir, summarize(TrainState(run_dir, cfg.trainer.total_frames), status, None))
         raise
     if in_place is not None:
-        checkpoint.set_aside_newer(run_dir, ckpt_path)
+        checkpoint.set_aside_newer(run_dir, ckpt_path)  # a resume from an older checkpoint: a new branch
     return trainer
 
 
-def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLock, saved: dict | None,
-                 ckpt_path: Path | None) -> Trainer:
+def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLock,
+                 restore: checkpoint.Restore) -> Trainer:
+    """env -> policy -> algo -> sync -> collector -> loggers -> hooks -> Trainer, each restored
+    from the checkpoint (if any) as it is made; whatever was started is closed if a step fails."""
     _seed_everything(cfg.seed)
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
@@ -80,27 +82,22 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
     env_spec = _probe_spec(make_env)
     make_policy = _plain_partial(cfg.algo.network, env_spec=env_spec)
 
-    # Until the Trainer owns them, whatever was started is closed again if a later step fails.
     with ExitStack() as cleanup:
         policy = make_policy().to(device)
         algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), policy=policy, device=device,
                           total_frames=cfg.trainer.total_frames)
-        version, frames = 0, 0
-        if saved is not None:
-            _restore_algo(algo, saved, ckpt_path, resolved)
-            version, frames = saved["trainer"]["version"], saved["frames"]
+        restore.algo(algo, resolved)
         scheme = _construct(_without(cfg.sync, WIRING_KEYS["sync"]))
-        sender = _sender_resuming(scheme, policy, version, saved)
+        sender = restore.sender(scheme, policy)
         cleanup.callback(sender.close)
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
         collector = _instantiate_with(cfg.collector, make_env=make_env, make_policy=make_policy,
-                                      make_receiver=scheme.receiver, env_spec=env_spec, seed=cfg.seed + frames)
+                                      make_receiver=scheme.receiver, env_spec=env_spec, seed=cfg.seed + restore.frames)
         cleanup.callback(collector.close)
-        if saved is not None:
-            _restore_collector(collector, saved.get("collector"))
+        restore.collector(collector)
 
-        loggers = _build_loggers(cfg, run_dir, resolved, saved, cleanup)
+        loggers = _build_loggers(cfg, run_dir, resolved, restore, cleanup)
         runtime = {"policy": policy, "sender": sender, "loggers": loggers, "device": device,
                    "make_env": functools.partial(make_env, seed=cfg.seed + 1_000_000),
                    "env_spec": env_spec, "run_dir": run_dir, "algo": algo, "collector": collector,
@@ -110,76 +107,26 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         trainer_args = OmegaConf.to_container(cfg.trainer)  # the trainer's keys are its arguments
         if trainer_args.get("stop_at_return") == "auto":
             trainer_args["stop_at_return"] = env_spec.reward_threshold
-        trainer = Trainer(collector, algo, hooks, loggers, run_dir, max_lag=getattr(collector, "max_lag", None),
-                          run_dir_lock=lock, **trainer_args)
-        if saved is not None:
-            trainer.state.load_state_dict(saved["trainer"])
-            checkpoint.set_rng_state(saved["rng"])  # last: building above draws random numbers
+        trainer = Trainer(collector, algo, hooks, loggers, run_dir, max_lag=collector.max_lag, run_dir_lock=lock,
+                          **trainer_args)
+        restore.trainer(trainer)
         cleanup.pop_all()
     log.info("run dir %s | %s on %s | %s collector | device %s%s", run_dir, type(algo).__name__, env_spec.id,
-             type(collector).__name__, device, f" | resumed at {frames:,} frames" if saved else "")
+             type(collector).__name__, device, f" | resumed at {restore.frames:,} frames" if restore.saved else "")
     return trainer
 
 
-def _build_loggers(cfg: DictConfig, run_dir: Path, config: dict, saved: dict | None, cleanup: ExitStack) -> list:
+def _build_loggers(cfg: DictConfig, run_dir: Path, config: dict, restore: checkpoint.Restore,
+                   cleanup: ExitStack) -> list:
     """metrics.jsonl's logger plus ``cfg.logger``'s; in a resumed run each gets ``resume``: its
     checkpointed state and the checkpoint's frame count."""
-    def resume_for(cls: type) -> dict | None:
-        if saved is None:
-            return None
-        return {**saved.get("loggers", {}).get(f"{cls.__module__}.{cls.__qualname__}", {}), "frames": saved["frames"]}
-
-    loggers = [JsonlLogger(run_dir, resume=resume_for(JsonlLogger))]
+    loggers = [JsonlLogger(run_dir, resume=restore.logger(JsonlLogger))]
     cleanup.callback(loggers[-1].close)
     for node in (cfg.get("logger") or {}).values():
-        resume = resume_for(get_class(node._target_))
+        resume = restore.logger(get_class(node._target_))
         loggers.append(_instantiate_with(node, run_dir=run_dir, config=config, resume=resume))
         cleanup.callback(loggers[-1].close)
     return loggers
-
-
-def _restore_algo(algo, saved: dict, path: Path, config: dict) -> None:
-    """Load the algo's state after checking it fits (same algorithm, same tensor shapes)."""
-    if saved["algo_class"] != type(algo).__name__:
-        raise CheckpointError(f"{path} holds a {saved['algo_class']} run; this config builds {type(algo).__name__}. "
-                              f"Resume with algo={saved['config']['algo']['_target_'].rsplit('.', 1)[-1].lower()}, "
-                              "or start a new run")
-    checkpoint.check_compatible(saved["algo"], algo.state_dict(), "algo")
-    algo.load_state_dict(saved["algo"])
-    changes = checkpoint.config_changes(saved["config"], config)
-    log.info("resuming from %s (%d frames)%s", path, saved["frames"],
-             "; changed: " + ", ".join(changes) if changes else "")
-
-
-def _sender_resuming(scheme, policy, version: int, saved: dict | None):
-    """The scheme's sender, publishing as ``version`` the weights the collectors acted with when
-    the checkpoint was taken (with sync.every > 1 or sync=none, not the learner's latest)."""
-    published = (saved or {}).get("published")
-    if published is None:
-        return scheme.sender(policy, version=version)
-    weights = named_weights(policy)
-    checkpoint.check_compatible(published, weights, "published")
-    with torch.no_grad():
-        live = {name: tensor.clone() for name, tensor in weights.items()}
-        for name, tensor in weights.items():
-            tensor.copy_(published[name])
-        sender = scheme.sender(policy, version=version)  # copies what it publishes
-        for name, tensor in weights.items():  # the learner's own weights again
-            tensor.copy_(live[name])
-    return sender
-
-
-def _restore_collector(collector, state: dict | None) -> None:
-    if state is None or not hasattr(collector, "load_state_dict"):
-        log.info("resume: the collector's envs start fresh episodes (their state was not saved)")
-        return
-    try:
-        collector.load_state_dict(state)
-    except (CollectorError, OSError):  # a worker died or stopped answering: not a matter of fresh episodes
-        raise
-    except Exception as e:  # noqa: BLE001  (env.num_envs changed, an env package upgraded, ...)
-        log.warning("resume: the collector's envs start fresh episodes (their saved state does not load: %s: %s)",
-                    type(e).__name__, e)
 
 
 def _plain_partial(node: DictConfig, **kwargs) -> functools.partial:

@@ -20,7 +20,12 @@ from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.errors import ConfigError
 from rltrain.hooks.base import SCHEDULE_UNITS
+from rltrain.loggers import Logger
+from rltrain.protocols import Algo, Collector, missing_members
 from rltrain.trainer import Trainer
+
+# The interface each part's class must have (rltrain.protocols); hooks subclass rltrain.hooks.Hook.
+INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger}
 
 # The top level of rltrain's config: its own keys and its config groups (config.yaml). Anything
 # else there is a typo (``+trainer.total_frame=...`` adds a key nothing reads); ``hydra`` is Hydra's.
@@ -184,6 +189,11 @@ def _check_node(cfg: DictConfig, path: str, required: bool, runtime_group: str |
     if not isinstance(node, DictConfig) or "_target_" not in node:
         raise ConfigError(f"{path} must be a mapping with a _target_ (the class to build), got {node!r}")
     target = _import_target(path, node._target_)
+    interface = INTERFACES.get(runtime_group or path)
+    if interface is not None and isinstance(target, type) and (missing := missing_members(target, interface)):
+        raise ConfigError(f"{path}._target_={node._target_} lacks {', '.join(missing)} of rltrain's "
+                          f"{interface.__name__} interface; add them (see {interface.__module__}.{interface.__name__}, "
+                          "which says what each does)")
     try:
         params = inspect.signature(target).parameters
     except (TypeError, ValueError):

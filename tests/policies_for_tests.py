@@ -26,3 +26,13 @@ class MarkerPolicy(nn.Module):
         with torch.no_grad():
             self.w.fill_(version)
             self.b.fill_(10 * version)
+
+
+class UpdateOnlyAlgo:
+    """An algo of a user's own that learns but keeps no state: it cannot be checkpointed."""
+
+    def __init__(self, policy, total_frames, device="cpu"):
+        self.policy = policy
+
+    def update(self, batch, should_stop):
+        return {}

@@ -53,6 +53,9 @@ BAD_INPUT = [
                                    "did you mean trainer.total_frames?"),
     (["+algo.lrr=0.1"], "did you mean algo.lr?"),
     (["+env.num_env=3"], "env.num_env is not a parameter of rltrain.envs.BatchedEnv; did you mean env.num_envs?"),
+    (["algo._target_=tests.policies_for_tests.UpdateOnlyAlgo"],
+     "algo._target_=tests.policies_for_tests.UpdateOnlyAlgo lacks state_dict, load_state_dict of rltrain's Algo "
+     "interface; add them (see rltrain.protocols.Algo"),
     (["trainer.total_frames=1e9"], "trainer.total_frames must be an integer >= 1 (got 1000000000.0); write 1000000000"),
     (["algo=sac", "env=pendulum", "algo.buffer_size=10"],
      "algo.buffer_size (10) is smaller than algo.batch_size (256): the replay buffer cannot hold"),

@@ -8,7 +8,7 @@ import pytest
 
 from rltrain import build
 from rltrain.hooks import Schedule
-from rltrain.trainer import TrainState
+from rltrain.state import TrainState
 from tests.conftest import make_config, run_cli
 
 RECORDING = "+hooks.rec._target_=tests.hooks_for_tests.RecordingHook"

@@ -64,9 +64,9 @@ class PPO:
         self.frames = 0
         self._pending: dict | None = None  # the update under way: its data and how far it got
 
-    def state_dict(self) -> dict:
+    def state_dict(self, replay_buffer: bool = True) -> dict:
         """Everything a resumed run needs: weights (obs statistics included), optimizer, lr position,
-        and the rest of an update that a stop request interrupted."""
+        and the rest of an update that a stop request interrupted (PPO keeps no replay buffer)."""
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "frames": self.frames,
                 "nonfinite": self.guard.state_dict(), "pending": self._pending}
 

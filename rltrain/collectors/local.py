@@ -14,10 +14,11 @@ from torch import nn
 from rltrain.collectors.batch import as_batch
 from rltrain.collectors.rollout import Rollout, allocate_frames
 from rltrain.envs.batched import BatchedEnv
+from rltrain.protocols import Collector
 from rltrain.sync.base import WeightReceiver
 
 
-class LocalCollector:
+class LocalCollector(Collector):
     """Yields ``[T, N]`` TensorDict batches of ``frames_per_batch = T * env.num_envs`` frames, forever.
 
     Keys: ``observation``, ``action``, ``log_prob``, ``reward``, ``terminated``, ``truncated``,

@@ -27,12 +27,13 @@ from rltrain.collectors.rollout import allocate_frames
 from rltrain.collectors.worker import worker_main
 from rltrain.envs.batched import EnvSpec
 from rltrain.errors import CollectorError
+from rltrain.protocols import Collector
 from rltrain.sync.base import WeightReceiver
 
 MODES = ("sync", "async")
 
 
-class MultiprocessCollector:
+class MultiprocessCollector(Collector):
     """``workers`` processes with ``envs_per_worker`` envs each, in ``mode`` sync or async."""
 
     def __init__(

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from tensordict import TensorDict
 
-    from rltrain.trainer import TrainState
+    from rltrain.state import TrainState
 
 SCHEDULE_UNITS = ("frames", "batches", "updates", "seconds")
 

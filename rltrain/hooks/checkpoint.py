@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rltrain import checkpoint
-from rltrain.errors import ConfigError
 from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
+from rltrain.protocols import Algo, Collector
 from rltrain.sync import WeightSender
 
 log = logging.getLogger("rltrain")
@@ -27,8 +26,8 @@ class CheckpointHook(Hook):
 
     def __init__(
         self,
-        algo,
-        collector,
+        algo: Algo,
+        collector: Collector,
         loggers: Sequence[Logger],
         sender: WeightSender,
         run_dir: str | Path,
@@ -39,11 +38,6 @@ class CheckpointHook(Hook):
         at_end: bool = True,
     ):
         super().__init__(every)
-        for method in ("state_dict", "load_state_dict"):
-            if not callable(getattr(algo, method, None)):
-                raise ConfigError(f"hooks.checkpoint: the algo ({type(algo).__name__}) has no {method}(), so its "
-                                  "state cannot be saved; add state_dict/load_state_dict, or drop the hook with "
-                                  "'~hooks.checkpoint'")
         self.enabled = every is not None
         self.algo, self.collector, self.loggers, self.sender = algo, collector, list(loggers), sender
         self.run_dir, self.config = Path(run_dir), config
@@ -66,31 +60,8 @@ class CheckpointHook(Hook):
     def save(self, state) -> Path:
         t0 = time.perf_counter()
         path = checkpoint.path_for(self.run_dir, state.frames)
-        algo_kwargs = {"replay_buffer": self.replay_buffer} if _takes_replay_buffer(self.algo) else {}
-        algo_state, published = self.algo.state_dict(**algo_kwargs), self.sender.published()
-        # Weights only: the replay buffer holds what the envs returned, which rltrain checks as it arrives.
-        checkpoint.check_finite({k: v for k, v in algo_state.items() if k != "replay_buffer"}, "algo")
-        checkpoint.check_finite(published, "published")
-        checkpoint.save(path, {
-            "format": checkpoint.FORMAT,
-            "frames": state.frames,
-            "algo_class": type(self.algo).__name__,
-            "trainer": state.state_dict(),
-            "algo": algo_state,
-            "published": published,  # what collectors act with (older with sync.every > 1)
-            "collector": self.collector.state_dict() if hasattr(self.collector, "state_dict") else None,
-            "loggers": {_class_path(lg): lg.state_dict() for lg in self.loggers if hasattr(lg, "state_dict")},
-            "rng": checkpoint.rng_state(),
-            "config": self.config,
-        })
+        checkpoint.save(path, checkpoint.capture(state, self.algo, self.collector, self.sender, self.loggers,
+                                                 self.config, replay_buffer=self.replay_buffer))
         checkpoint.prune(self.run_dir, self.keep_last)
         log.info("checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6, time.perf_counter() - t0)
         return path
-
-
-def _takes_replay_buffer(algo) -> bool:
-    return "replay_buffer" in inspect.signature(algo.state_dict).parameters
-
-
-def _class_path(obj) -> str:
-    return f"{type(obj).__module__}.{type(obj).__qualname__}"

@@ -1,0 +1,62 @@
+"""The interfaces the trainer, the factory and the checkpoint code rely on: ``Algo`` and ``Collector``.
+
+Declared here, so that a class of your own (``algo._target_``, ``collector._target_``) knows what
+to provide, and so that no code in rltrain needs to probe for attributes. ``build`` checks that
+the parts it makes satisfy them. A collector may subclass ``Collector`` for its defaults (no
+saved state, no lag bound, use as a context manager).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from tensordict import TensorDict
+
+
+@runtime_checkable
+class Algo(Protocol):
+    """Turns collector batches into learning; its whole state goes into checkpoints."""
+
+    def update(self, batch: TensorDict | None, should_stop: Callable[[], bool]) -> dict[str, float] | None:
+        """Learn from ``batch``; None if ``should_stop()`` interrupted it between two gradient steps
+        (``state_dict`` then holds the rest, and ``update(None, should_stop)`` finishes it)."""
+
+    def state_dict(self, replay_buffer: bool = True) -> dict:
+        """Everything a resumed run needs; ``replay_buffer=False`` leaves out a replay buffer, if any."""
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``'s result."""
+
+
+@runtime_checkable
+class Collector(Protocol):
+    """Yields ``[T, N]`` TensorDict batches forever (keys: see the README's "How it fits together")."""
+
+    max_lag: int | None = None  # the trainer drops batches with frames more versions old than this
+
+    def __iter__(self) -> Iterator[TensorDict]: ...
+
+    def close(self) -> None:
+        """Stop whatever the collector started (worker processes, envs); safe to call twice."""
+
+    def state_dict(self) -> dict | None:
+        """The envs mid-episode, for checkpoints; None if they cannot be saved (they restart on resume)."""
+        return None
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore ``state_dict()``'s result (raises if it does not fit: the envs then start fresh)."""
+        raise ValueError(f"{type(self).__name__} does not restore saved envs")
+
+    def __enter__(self) -> Collector:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def missing_members(cls: type, interface: type) -> list[str]:
+    """The members of ``interface`` (a protocol or base class above) that class ``cls`` lacks."""
+    names = [name for name in vars(interface) if name == "__iter__" or not name.startswith("_")]
+    return [name for name in names if not hasattr(cls, name)]
