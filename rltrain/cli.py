@@ -42,6 +42,7 @@ HYDRA_FILES = ".hydra"  # Hydra's own record of a run (config, overrides), writt
 OmegaConf.register_new_resolver("rltrain.unique_dir", unique_dir, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("rltrain.config_help", config_help, replace=True)
 
+_RENAMED = {"collector=sync": "collector=lockstep (lock-step worker processes; sync= chooses how weights travel)"}
 # Hydra plugins a user may ask for by name, and the package that provides each.
 _PLUGINS = {
     "launcher": {"joblib": "hydra-joblib-launcher", "submitit_local": "hydra-submitit-launcher",
@@ -227,10 +228,13 @@ def _discard_if_unused(run_dir: Path) -> None:
         parent = parent.parent
 
 
-def check_plugins(args: list[str]) -> None:
-    """Exit with one line naming the ``pip install`` for a Hydra launcher or sweeper that is asked
-    for on the command line but not installed (instead of Hydra's list of what is)."""
+def check_command_line(args: list[str]) -> None:
+    """Exit with one line for what Hydra would answer with a list of options: a choice that was
+    renamed, or a Hydra launcher or sweeper that is not installed (naming its ``pip install``)."""
     for arg in args:
+        if arg in _RENAMED:
+            print(f"rltrain: {arg} is now {_RENAMED[arg]}", file=sys.stderr)
+            sys.exit(EXIT_REFUSED)
         m = re.fullmatch(r"[+~]*hydra/(launcher|sweeper)=(\w+)", arg)
         package = m and _PLUGINS[m.group(1)].get(m.group(2))
         if package and importlib.util.find_spec(f"hydra_plugins.{package.replace('-', '_')}") is None:
@@ -240,5 +244,5 @@ def check_plugins(args: list[str]) -> None:
 
 
 def main() -> None:
-    check_plugins(sys.argv[1:])
+    check_command_line(sys.argv[1:])
     run()

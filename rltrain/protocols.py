@@ -17,7 +17,15 @@ if TYPE_CHECKING:
 
 @runtime_checkable
 class Algo(Protocol):
-    """Turns collector batches into learning; its whole state goes into checkpoints."""
+    """Turns collector batches into learning; its whole state goes into checkpoints.
+
+    Capabilities (class attributes, checked by build before anything starts): ``ACTION_SPACES``,
+    the action spaces it learns on; ``NEEDS_PUSHES``, why it cannot work with a sync scheme that
+    never pushes (None: it can).
+    """
+
+    ACTION_SPACES = ("discrete", "box")
+    NEEDS_PUSHES: str | None = None
 
     def update(self, batch: TensorDict | None, should_stop: Callable[[], bool]) -> dict[str, float] | None:
         """Learn from ``batch``; None if ``should_stop()`` interrupted it between two gradient steps
@@ -32,7 +40,16 @@ class Algo(Protocol):
 
 @runtime_checkable
 class Collector(Protocol):
-    """Yields ``[T, N]`` TensorDict batches forever (keys: see the README's "How it fits together")."""
+    """Yields ``[T, N]`` TensorDict batches forever (keys: see the README's "How it fits together").
+
+    Capabilities: ``BATCH_ENVS``, the config keys whose product is the number of envs one batch
+    spans (``collector.frames_per_batch`` must be a multiple of it); ``IN_LEARNER_PROCESS``, whether
+    its envs and policy copy live in the learner's process (sync schemes for other processes only,
+    such as ``sync=pipe``, cannot reach it).
+    """
+
+    BATCH_ENVS: tuple[str, ...] = ()
+    IN_LEARNER_PROCESS = False
 
     max_lag: int | None = None  # the trainer drops batches with frames more versions old than this
 
@@ -58,5 +75,6 @@ class Collector(Protocol):
 
 def missing_members(cls: type, interface: type) -> list[str]:
     """The members of ``interface`` (a protocol or base class above) that class ``cls`` lacks."""
-    names = [name for name in vars(interface) if name == "__iter__" or not name.startswith("_")]
+    names = [name for name in vars(interface)  # capabilities (UPPER_CASE) have defaults: not required
+             if name == "__iter__" or not (name.startswith("_") or name.isupper())]
     return [name for name in names if not hasattr(cls, name)]

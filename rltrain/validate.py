@@ -7,8 +7,11 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import math
 import numbers
+import re
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -22,7 +25,10 @@ from rltrain.errors import ConfigError
 from rltrain.hooks.base import SCHEDULE_UNITS
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector, missing_members
+from rltrain.sync.base import WeightSyncScheme
 from rltrain.trainer import Trainer
+
+CONFIGS = Path(__file__).parent / "configs"
 
 # The interface each part's class must have (rltrain.protocols); hooks subclass rltrain.hooks.Hook.
 INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger}
@@ -76,7 +82,6 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("collector.frames_per_batch", _positive_int, "an integer >= 1", ""),
     ("collector.workers", _positive_int, "an integer >= 1", ""),
     ("collector.envs_per_worker", _positive_int, "an integer >= 1", ""),
-    ("collector.mode", lambda v: v in ("sync", "async"), "sync or async", ""),
     ("collector.max_lag", lambda v: v is None or (isinstance(v, int) and v >= 0), "an integer >= 0 or null", ""),
     ("collector.start_method", lambda v: v in ("spawn", "forkserver", "fork"), "spawn, forkserver or fork", ""),
     ("collector.timeout_s", _positive, "a number > 0", ""),
@@ -235,24 +240,29 @@ def _check_schedule(key: str, every) -> None:
 
 
 def _check_cross(cfg: DictConfig) -> None:
+    """Combinations of parts, checked through what each class declares it needs or does (its
+    capabilities: ``BATCH_ENVS``, ``IN_LEARNER_PROCESS``, ``CROSS_PROCESS_ONLY``, ``PUSHES``,
+    ``NEEDS_PUSHES``; see rltrain/protocols.py), so a class of your own gets the same checks."""
+    collector = _import_target("collector", cfg.collector._target_)
+    sync = _import_target("sync", cfg.sync._target_)
+    algo = _import_target("algo", cfg.algo._target_)
     batch = cfg.collector.get("frames_per_batch")
-    if "envs_per_worker" in cfg.collector:  # multi-process: a batch spans all workers (sync) or one (async)
-        workers = cfg.collector.get("workers", 1) if cfg.collector.get("mode") == "sync" else 1
-        num_envs, what = workers * cfg.collector.envs_per_worker, (
-            "collector.workers x collector.envs_per_worker" if workers > 1 else "collector.envs_per_worker")
-    else:
-        num_envs, what = cfg.env.get("num_envs", 1), "env.num_envs"
-    if batch is not None and batch % num_envs:
+    keys = capability(collector, Collector, "BATCH_ENVS")
+    sizes = [OmegaConf.select(cfg, key) for key in keys]
+    if batch is not None and keys and all(isinstance(n, int) for n in sizes) and batch % math.prod(sizes):
+        num_envs = math.prod(sizes)
         raise ConfigError(
-            f"collector.frames_per_batch ({batch}) must be a multiple of {what} ({num_envs}); "
+            f"collector.frames_per_batch ({batch}) must be a multiple of {' x '.join(keys)} ({num_envs}); "
             f"e.g. collector.frames_per_batch={max(1, batch // num_envs) * num_envs}"
         )
-    if "envs_per_worker" not in cfg.collector and str(cfg.sync.get("_target_", "")).endswith("PipeSync"):
-        raise ConfigError("sync=pipe sends weights to worker processes, but collector=local runs in the learner's "
-                          "process; use sync=shared_mem with collector=local, or collector=sync|async with sync=pipe")
-    if "warmup_frames" in cfg.algo and str(cfg.sync.get("_target_", "")).endswith("NoSync"):
-        raise ConfigError("algo=sac with sync=none: the end of the warm-up reaches collectors through a weight "
-                          "push, so they would act uniformly at random for the whole run; use sync=shared_mem")
+    if capability(sync, WeightSyncScheme, "CROSS_PROCESS_ONLY") and capability(collector, Collector,
+                                                                               "IN_LEARNER_PROCESS"):
+        raise ConfigError(f"{_label('sync', sync)} sends weights to worker processes, but "
+                          f"{_label('collector', collector)} runs in the learner's process; use sync=shared_mem with "
+                          f"it, or collector=lockstep|async with {_label('sync', sync)}")
+    why = capability(algo, Algo, "NEEDS_PUSHES")
+    if why and not capability(sync, WeightSyncScheme, "PUSHES"):
+        raise ConfigError(f"{_label('algo', algo)} with {_label('sync', sync)}: {why}; use sync=shared_mem")
     buffer_size = cfg.algo.get("buffer_size")
     for key, need, what in [("algo.batch_size", cfg.algo.get("batch_size"), "the frames of one gradient step"),
                             ("collector.frames_per_batch", batch, "one collector batch")]:
@@ -265,6 +275,20 @@ def _check_cross(cfg: DictConfig) -> None:
             f"algo.minibatch_size ({minibatch}) is larger than the batch "
             f"(collector.frames_per_batch={batch}); use at most {batch}"
         )
+
+
+def capability(cls: type, interface: type, name: str):
+    """What ``cls`` declares as ``name``, or the interface's default for it."""
+    return getattr(cls, name, getattr(interface, name))
+
+
+def _label(group: str, cls: type) -> str:
+    """``group=option`` for a class one of rltrain's config options builds, else ``group._target_=...``."""
+    for path in sorted((CONFIGS / group).glob("*.yaml")):
+        target = re.search(r"^_target_:\s*(\S+)", path.read_text(), flags=re.M)
+        if target and _import_target(group, target.group(1)) is cls:
+            return f"{group}={path.stem}"
+    return f"{group}._target_={cls.__module__}.{cls.__qualname__}"
 
 
 def _check_env(cfg: DictConfig) -> None:
@@ -283,7 +307,7 @@ def _check_env(cfg: DictConfig) -> None:
     finally:
         env.close()
     algo_cls = _import_target("algo", cfg.algo._target_)
-    supported = getattr(algo_cls, "ACTION_SPACES", ("discrete", "box"))
+    supported = capability(algo_cls, Algo, "ACTION_SPACES")
     kind = "discrete" if spec.discrete else "box"
     if kind not in supported:
         raise ConfigError(

@@ -21,7 +21,7 @@ def all_choices():
 @pytest.mark.parametrize(("group", "choice"), all_choices())
 def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
     # sync=pipe needs worker processes, SAC continuous actions (build rejects the defaults' pairing).
-    extra = {("sync", "pipe"): ["collector=sync"], ("algo", "sac"): ["env=pendulum"]}.get((group, choice), [])
+    extra = {("sync", "pipe"): ["collector=lockstep"], ("algo", "sac"): ["env=pendulum"]}.get((group, choice), [])
     cfg = make_config(f"{group}={choice}", "trainer.total_frames=512", *extra)
     trainer = build(cfg, run_dir=tmp_path)
     summary = trainer.fit()
@@ -115,6 +115,13 @@ def test_resume_auto_warns_about_an_unreadable_config_file(tmp_path, monkeypatch
     assert trainer.state.run_dir != broken.parent.parent and trainer.state.frames == 512
 
 
+def test_the_old_name_of_the_lock_step_collector_says_the_new_one(tmp_path):
+    result = run_cli("collector=sync", cwd=tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("rltrain: collector=sync is now collector=lockstep (lock-step worker processes; "
+                                     "sync= chooses how weights travel)")
+
+
 def test_cli_unknown_group_choice_lists_the_available_ones(tmp_path):
     result = run_cli("algo=dqn", cwd=tmp_path)
     assert result.returncode != 0
@@ -139,7 +146,7 @@ def test_full_error_env_var_shows_the_traceback(tmp_path):
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ["algo: ppo, sac", "collector: async, local, sync", "sync: none, pipe, shared_mem", "logger: console, csv, wandb"]:
+    for line in ["algo: ppo, sac", "collector: async, local, lockstep", "sync: none, pipe, shared_mem", "logger: console, csv, wandb"]:
         assert line in result.stdout
     assert "env: " in result.stdout and "cartpole" in result.stdout
 

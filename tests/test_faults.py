@@ -35,20 +35,20 @@ def assert_failed(returncode: int, stderr: str, when: str, error: str, run_dir: 
     return summary
 
 
-@pytest.mark.parametrize("collector", ["local", "sync"])
+@pytest.mark.parametrize("collector", ["local", "lockstep"])
 def test_an_env_that_raises_fails_the_run_in_one_paragraph(collector, tmp_path):
     result = run_cli(*FAULTY, "+env.kwargs.fault=raise", "+env.kwargs.at_step=40", f"collector={collector}",
                      cwd=tmp_path)
     env_error = (r"EnvError: env tests.toy_envs:Faulty-v0 \(env \d+ of \d+\) raised in step\(\) at its step 40: "
                  r"RuntimeError: env exploded at step 40")
-    where = r"CollectorError: collector worker \d \(pid \d+\) failed: " if collector == "sync" else ""
+    where = r"CollectorError: collector worker \d \(pid \d+\) failed: " if collector == "lockstep" else ""
     assert_failed(result.returncode, result.stderr, "after 512 frames", where + env_error, tmp_path / "run")
     log = (tmp_path / "run" / "cli.log").read_text()
     assert 'raise RuntimeError(f"env exploded at step {self.steps}")' in log  # the env's own line
 
 
 def test_a_killed_worker_is_named_with_its_signal_and_the_likely_cause(tmp_path):
-    proc = start_cli("collector=sync", "trainer.total_frames=100000000", "trainer.stop_at_return=null",
+    proc = start_cli("collector=lockstep", "trainer.total_frames=100000000", "trainer.stop_at_return=null",
                      "hooks.log.every.seconds=0.2", "hydra.run.dir=run", cwd=tmp_path)
     try:
         wait_for(lambda: (tmp_path / "run" / "metrics.jsonl").exists())
@@ -73,7 +73,7 @@ def _is_worker_of(pid: int, parent: int) -> bool:
 
 
 def test_a_stuck_worker_says_which_key_to_raise(tmp_path):
-    result = run_cli(*FAULTY, "+env.kwargs.fault=hang", "+env.kwargs.at_step=40", "collector=sync",
+    result = run_cli(*FAULTY, "+env.kwargs.fault=hang", "+env.kwargs.at_step=40", "collector=lockstep",
                      "collector.timeout_s=2", cwd=tmp_path)
     assert_failed(result.returncode, result.stderr, "after 512 frames",
                   r"CollectorError: no 'batch' message from collector worker\(s\) \[0, 1\] within 2(\.0)?s "
@@ -82,12 +82,12 @@ def test_a_stuck_worker_says_which_key_to_raise(tmp_path):
                   tmp_path / "run")
 
 
-@pytest.mark.parametrize("collector", ["local", "sync"])
+@pytest.mark.parametrize("collector", ["local", "lockstep"])
 def test_an_env_that_fails_to_reset_at_start_up_leaves_a_summary_that_says_why(collector, tmp_path):
     result = run_cli(*FAULTY, "+env.kwargs.fault=raise_on_reset", f"collector={collector}", cwd=tmp_path)
     env_error = (r"EnvError: env tests.toy_envs:Faulty-v0 \(env 0 of \d+\) raised in reset\(\) at its step 0: "
                  r"RuntimeError: env could not connect to its simulator")
-    where = r"CollectorError: collector worker \d \(pid \d+\) failed while starting: " if collector == "sync" else ""
+    where = r"CollectorError: collector worker \d \(pid \d+\) failed while starting: " if collector == "lockstep" else ""
     run_dir = tmp_path / "run"
     summary = assert_failed(result.returncode, result.stderr, "while starting", where + env_error, run_dir)
     assert summary["frames"] == 0
@@ -97,7 +97,7 @@ def test_an_env_that_fails_to_reset_at_start_up_leaves_a_summary_that_says_why(c
 
 def test_sigterm_while_workers_start_stops_at_once_and_cleans_up(tmp_path):
     shm_before = shm_entries()
-    proc = start_cli("collector=sync", "env.id=tests.toy_envs:SlowStartCartPole-v0", "hydra.run.dir=run",
+    proc = start_cli("collector=lockstep", "env.id=tests.toy_envs:SlowStartCartPole-v0", "hydra.run.dir=run",
                      cwd=tmp_path)
     try:
         wait_for(lambda: len(session_processes(proc.pid)) >= 3)  # the workers are starting (and sleeping)
@@ -114,7 +114,7 @@ def test_sigterm_while_workers_start_stops_at_once_and_cleans_up(tmp_path):
     assert shm_entries() - shm_before == set()
 
 
-@pytest.mark.parametrize("collector", ["local", "sync"])
+@pytest.mark.parametrize("collector", ["local", "lockstep"])
 def test_a_sigkilled_process_group_leaves_nothing_in_dev_shm(collector, tmp_path):
     shm_before = shm_entries()
     proc = start_cli(f"collector={collector}", "trainer.total_frames=100000000", "trainer.stop_at_return=null",

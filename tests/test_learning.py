@@ -45,13 +45,13 @@ def test_ppo_learns_acrobot(tmp_path):
 
 
 def test_ppo_solves_cartpole_with_worker_processes_and_shared_memory_sync(tmp_path):
-    summary = train(tmp_path, "collector=sync", "sync=shared_mem")
+    summary = train(tmp_path, "collector=lockstep", "sync=shared_mem")
     assert summary["solved"] is True and summary["train_return"] >= 475
     assert summary["sync"]["max_lag"] == 0  # lock-step: every batch acts with the newest weights
 
 
 def test_ppo_solves_cartpole_with_worker_processes_and_pipe_sync(tmp_path):
-    summary = train(tmp_path, "collector=sync", "sync=pipe")
+    summary = train(tmp_path, "collector=lockstep", "sync=pipe")
     assert summary["solved"] is True and summary["train_return"] >= 475
 
 
@@ -63,7 +63,7 @@ def test_ppo_solves_cartpole_with_async_workers_and_bounded_lag(tmp_path):
 
 
 def test_without_pushes_worker_processes_never_improve(tmp_path):
-    summary = train(tmp_path, "collector=sync", "sync=none", "trainer.total_frames=30000")
+    summary = train(tmp_path, "collector=lockstep", "sync=none", "trainer.total_frames=30000")
     assert summary["sync"]["pushes"] == 0 and summary["solved"] is False
     assert summary["train_return"] < 60
     assert summary["eval_return"] > 100

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rltrain.collectors import MultiprocessCollector
+from rltrain.collectors import AsyncCollector, LockstepCollector
 from rltrain.envs import BatchedEnv
 from rltrain.errors import CollectorError
 from rltrain.sync import NoSync, PipeSync, SharedMemSync
@@ -55,24 +55,24 @@ def no_leftovers(monkeypatch):
     assert not {e for e in shm_entries() - before if e.startswith("torch_")}, "torch shared memory left in /dev/shm"
 
 
-def start(scheme, mode="sync", env_id="CartPole-v1", workers=2, envs_per_worker=2, frames_per_batch=None,
+def start(scheme, mode="lockstep", env_id="CartPole-v1", workers=2, envs_per_worker=2, frames_per_batch=None,
           policy_size=1, timeout_s=20.0, learner=None, **env_kwargs):
     spec = BatchedEnv("CartPole-v1", num_envs=1).spec
     learner = learner if learner is not None else MarkerPolicy(spec)
     sender = scheme.sender(learner)
-    frames = frames_per_batch or (workers * envs_per_worker * 8 if mode == "sync" else envs_per_worker * 8)
-    collector = MultiprocessCollector(
+    frames = frames_per_batch or (workers * envs_per_worker * 8 if mode == "lockstep" else envs_per_worker * 8)
+    collector = {"lockstep": LockstepCollector, "async": AsyncCollector}[mode](
         make_env=functools.partial(BatchedEnv, env_id, kwargs=env_kwargs or None),
         make_policy=functools.partial(MarkerPolicy, spec, size=policy_size),
         make_receiver=scheme.receiver, env_spec=spec, frames_per_batch=frames, workers=workers,
-        envs_per_worker=envs_per_worker, mode=mode, timeout_s=timeout_s)
+        envs_per_worker=envs_per_worker, timeout_s=timeout_s)
     return learner, sender, collector
 
 
 @pytest.mark.parametrize("scheme_name", SCHEMES)
 def test_every_worker_acts_with_the_pushed_parameters_and_buffers(scheme_name, no_leftovers):
     learner, sender, collector = start(SCHEMES[scheme_name](), workers=3)
-    try:
+    with collector:
         batches = iter(collector)
         first = next(batches)
         assert first.batch_size == torch.Size([8, 6])  # 8 steps x (3 workers x 2 envs)
@@ -87,8 +87,6 @@ def test_every_worker_acts_with_the_pushed_parameters_and_buffers(scheme_name, n
         third = next(batches)
         assert third["log_prob"].unique().tolist() == [11.0]
         assert third["policy_version"].unique().tolist() == [1]
-    finally:
-        collector.close()
 
 
 def test_sync_none_workers_keep_the_learners_initial_weights(no_leftovers):
@@ -96,21 +94,19 @@ def test_sync_none_workers_keep_the_learners_initial_weights(no_leftovers):
     learner = MarkerPolicy(spec)
     learner.mark(3.0)
     learner, sender, collector = start(NoSync(), learner=learner)
-    try:
+    with collector:
         batches = iter(collector)
         assert next(batches)["log_prob"].unique().tolist() == [33.0]
         learner.mark(4.0)
         assert sender.push() == 0
         assert next(batches)["log_prob"].unique().tolist() == [33.0]
-    finally:
-        collector.close()
 
 
 @pytest.mark.parametrize("scheme_name", SCHEMES)
 def test_async_workers_never_act_with_a_mix_of_two_versions(scheme_name, no_leftovers):
     learner, sender, collector = start(SCHEMES[scheme_name](), mode="async", envs_per_worker=1,
                                        frames_per_batch=64)
-    try:
+    with collector:
         versions_seen = set()
         batches = iter(collector)
         for version in range(1, 40):
@@ -120,13 +116,11 @@ def test_async_workers_never_act_with_a_mix_of_two_versions(scheme_name, no_left
             learner.mark(float(version))
             sender.push()
         assert len(versions_seen) > 10  # workers picked up new versions while collecting
-    finally:
-        collector.close()
 
 
 def test_a_worker_exception_comes_back_as_one_paragraph_with_its_traceback_beside_it(no_leftovers):
     _, _, collector = start(SharedMemSync(), env_id="tests.toy_envs:Faulty-v0", fault="raise", at_step=3)
-    try:
+    with collector:
         with pytest.raises(CollectorError) as err:
             for _ in collector:
                 pass
@@ -134,63 +128,55 @@ def test_a_worker_exception_comes_back_as_one_paragraph_with_its_traceback_besid
                             r"\(env \d of 2\) raised in step\(\) at its step 3: RuntimeError: env exploded at step 3",
                             str(err.value))
         assert "Traceback" in err.value.details and "env exploded at step 3" in err.value.details
-    finally:
-        collector.close()
 
 
 def test_a_worker_that_exits_is_named_with_its_exit_code(no_leftovers):
     _, _, collector = start(SharedMemSync(), env_id="tests.toy_envs:Faulty-v0", fault="exit", at_step=3)
-    try:
+    with collector:
         with pytest.raises(CollectorError, match=r"collector worker \d \(pid \d+\) died \(exit code 3\)"):
             for _ in collector:
                 pass
-    finally:
-        collector.close()
 
 
 def test_a_killed_worker_fails_the_learner_within_seconds(no_leftovers):
     _, _, collector = start(SharedMemSync(), timeout_s=60.0)
-    try:
+    with collector:
         batches = iter(collector)
         next(batches)
-        os.kill(collector._procs[1].pid, signal.SIGKILL)
+        os.kill(collector.pool.pids[1], signal.SIGKILL)
         started = time.monotonic()
         with pytest.raises(CollectorError, match=r"collector worker 1 \(pid \d+\) died \(killed by SIGKILL\)"):
             for _ in range(1000):
                 next(batches)
         assert time.monotonic() - started < 30.0  # noticed through the sentinel, not the 60 s timeout
-    finally:
-        collector.close()
 
 
 def test_a_pipe_push_to_a_dead_worker_fails_at_once_naming_it(no_leftovers):
     learner, sender, collector = start(PipeSync(), timeout_s=60.0)
     try:
-        next(iter(collector))
-        os.kill(collector._procs[1].pid, signal.SIGKILL)
-        collector._procs[1].join(timeout=10)
-        from rltrain.errors import SyncError
+        with collector:
+            next(iter(collector))
+            os.kill(collector.pool.pids[1], signal.SIGKILL)
+            collector.pool._procs[1].join(timeout=10)
+            from rltrain.errors import SyncError
 
-        started = time.monotonic()
-        with pytest.raises(SyncError, match="could not reach receiver 1"):
-            for _ in range(100):  # the dead worker's pipe fills, then the next write fails
-                learner.mark(1.0)
-                sender.push()
-        assert time.monotonic() - started < 30.0  # not the 60 s sync timeout
+            started = time.monotonic()
+            with pytest.raises(SyncError, match="could not reach receiver 1"):
+                for _ in range(100):  # the dead worker's pipe fills, then the next write fails
+                    learner.mark(1.0)
+                    sender.push()
+            assert time.monotonic() - started < 30.0  # not the 60 s sync timeout
     finally:
-        collector.close()
         sender.close()
 
 
 def test_a_stuck_worker_times_out_with_a_clear_message(no_leftovers):
     _, _, collector = start(SharedMemSync(), env_id="tests.toy_envs:Faulty-v0", fault="hang", at_step=3,
                             timeout_s=2.0)
-    try:
+    with collector:
         with pytest.raises(CollectorError, match=r"no 'batch' message from collector worker\(s\) \[0, 1\] within 2.0s"):
             for _ in collector:
                 pass
-    finally:
-        collector.close()
 
 
 def test_a_weight_layout_mismatch_fails_at_connect(no_leftovers):
@@ -200,14 +186,12 @@ def test_a_weight_layout_mismatch_fails_at_connect(no_leftovers):
 
 def test_batches_come_back_through_shared_memory_buffers(no_leftovers):
     _, _, collector = start(SharedMemSync())
-    try:
-        for worker_buffers in collector._buffers:
+    with collector:
+        for worker_buffers in collector.pool.buffers:
             for frames in worker_buffers:
                 assert all(t.is_shared() for t in frames.values())
         batch = next(iter(collector))
         assert not batch["observation"].is_shared()  # the learner gets its own copy
-    finally:
-        collector.close()
 
 
 # --- through build() and the CLI -------------------------------------------------------------
@@ -215,7 +199,7 @@ def test_batches_come_back_through_shared_memory_buffers(no_leftovers):
 from rltrain import build  # noqa: E402
 from tests.conftest import ROOT, make_config  # noqa: E402
 
-COLLECTORS = ["local", "sync", "async"]
+COLLECTORS = ["local", "lockstep", "async"]
 
 
 # local + pipe is rejected by build (test_local_collector_with_pipe_sync_is_rejected_with_the_reason).
@@ -232,7 +216,7 @@ def test_every_collector_and_sync_combination_trains(collector, sync, tmp_path, 
 
 
 def test_a_worker_failure_is_the_runs_status_in_summary_json(tmp_path, no_leftovers):
-    cfg = make_config("collector=sync", "env.id=tests.toy_envs:Faulty-v0", "+env.kwargs.fault=raise",
+    cfg = make_config("collector=lockstep", "env.id=tests.toy_envs:Faulty-v0", "+env.kwargs.fault=raise",
                       "+env.kwargs.at_step=40", "trainer.stop_at_return=null")
     with pytest.raises(CollectorError, match="env exploded at step 40"):
         build(cfg, run_dir=tmp_path).fit()
@@ -254,7 +238,7 @@ def session_processes(sid: int) -> list[int]:
     return pids
 
 
-@pytest.mark.parametrize("collector", ["sync", "async"])
+@pytest.mark.parametrize("collector", ["lockstep", "async"])
 def test_ctrl_c_stops_workers_and_leaves_nothing_behind(collector, tmp_path):
     import json
     import subprocess
@@ -285,7 +269,7 @@ def test_ctrl_c_stops_workers_and_leaves_nothing_behind(collector, tmp_path):
 
 
 def test_pipe_sync_delivers_a_network_larger_than_the_pipe_buffer(tmp_path, no_leftovers):
-    cfg = make_config("collector=sync", "sync=pipe", "algo.network.hidden_sizes=[1024,1024]",
+    cfg = make_config("collector=lockstep", "sync=pipe", "algo.network.hidden_sizes=[1024,1024]",
                       "trainer.total_frames=1024", "collector.frames_per_batch=256", "trainer.stop_at_return=null", "hooks.eval.episodes=1")
     summary = build(cfg, run_dir=tmp_path).fit()
     assert summary["status"] == "completed" and summary["sync"]["pushes"] == 4

@@ -17,11 +17,11 @@ NONFINITE_ENV = ("env.id=tests.toy_envs:NonFinite-v0", "trainer.stop_at_return=n
 
 
 @pytest.mark.parametrize("key", ["observation", "reward"])
-@pytest.mark.parametrize("collector", ["local", "sync"])
+@pytest.mark.parametrize("collector", ["local", "lockstep"])
 def test_a_nonfinite_observation_or_reward_stops_the_run_naming_the_env_step_and_key(key, collector, tmp_path):
     cfg = make_config(*NONFINITE_ENV, f"+env.kwargs.key={key}", "+env.kwargs.every=30", f"collector={collector}",
                       "trainer.total_frames=4096")
-    error = CollectorError if collector == "sync" else EnvError
+    error = CollectorError if collector == "lockstep" else EnvError
     message = (rf"env tests.toy_envs:NonFinite-v0 \(env 0 of \d+\) returned a non-finite {key} \(.*nan.*\) from "
                r"step\(\) at its step 30; fix the env, or set env.nonfinite=replace")
     with pytest.raises(error, match=message):

@@ -74,7 +74,7 @@ def test_resume_is_exact_when_collectors_act_with_older_weights(tmp_path, sync):
     the learner's; the checkpoint keeps those, so the resumed run acts as the uninterrupted one."""
     run = (*PPO_RUN, f"sync={sync}", "sync.every=3" if sync != "none" else "trainer.total_frames=6144")
     if sync == "pipe":  # pipes reach worker processes only
-        run += ("collector=sync", "collector.workers=2", "collector.envs_per_worker=4")
+        run += ("collector=lockstep", "collector.workers=2", "collector.envs_per_worker=4")
     reference = build(make_config(*run), run_dir=tmp_path / "full").fit()
     stopped = build(make_config(*run, *signal_at(5000 if sync == "shared_mem" else 2500)),
                     run_dir=tmp_path / "split").fit()
@@ -86,7 +86,7 @@ def test_resume_is_exact_when_collectors_act_with_older_weights(tmp_path, sync):
 
 def test_lock_step_workers_resume_exactly_and_async_ones_on_fresh_episodes(tmp_path, caplog):
     caplog.set_level("INFO", logger="rltrain")
-    run = (*PPO_RUN, "collector=sync", "collector.workers=2", "collector.envs_per_worker=4")
+    run = (*PPO_RUN, "collector=lockstep", "collector.workers=2", "collector.envs_per_worker=4")
     build(make_config(*run), run_dir=tmp_path / "full").fit()
     build(make_config(*run, *signal_at(5000)), run_dir=tmp_path / "split").fit()
     saved = checkpoint.load(checkpoint.listing(tmp_path / "split")[-1])

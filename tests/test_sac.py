@@ -121,8 +121,8 @@ def test_sac_with_sync_none_is_rejected_since_warmup_ends_through_a_push(tmp_pat
         build(make_config("algo=sac", "env=pendulum", "sync=none"), run_dir=tmp_path)
 
 
-@pytest.mark.parametrize(("collector", "sync"), [("local", "shared_mem"), ("sync", "shared_mem"),
-                                                 ("sync", "pipe"), ("async", "shared_mem"), ("async", "pipe")])
+@pytest.mark.parametrize(("collector", "sync"), [("local", "shared_mem"), ("lockstep", "shared_mem"),
+                                                 ("lockstep", "pipe"), ("async", "shared_mem"), ("async", "pipe")])
 def test_sac_runs_with_every_collector_and_sync_scheme(collector, sync, tmp_path):
     cfg = make_config("algo=sac", "env=pendulum", f"collector={collector}", f"sync={sync}",
                       "trainer.total_frames=1024", "algo.warmup_frames=256", "algo.utd=0.25",

@@ -30,6 +30,8 @@ class SAC:
     """The learner side of SAC: actor, twin critics with targets, temperature, replay buffer."""
 
     ACTION_SPACES = ("box",)
+    NEEDS_PUSHES = ("the end of the warm-up reaches collectors through a weight push, so they would act uniformly "
+                    "at random for the whole run")
 
     def __init__(
         self,

@@ -1,27 +1,29 @@
 """Collectors: run envs with a policy copy fed by weight sync, and yield TensorDict batches.
 
-Attributes are imported lazily: a spawned worker imports ``rltrain.collectors.worker`` and must
-not pull in tensordict through this package.
+One class per way of working, over shared pieces (``Rollout``, the ``WorkerPool``, the batch
+buffers): ``LocalCollector`` (in the learner's process), ``LockstepCollector`` and
+``AsyncCollector`` (worker processes). Attributes are imported lazily: a spawned worker imports
+``rltrain.collectors.worker`` and must not pull in tensordict through this package.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from rltrain.collectors.asynchronous import AsyncCollector
     from rltrain.collectors.local import LocalCollector
-    from rltrain.collectors.multiprocess import MultiprocessCollector
+    from rltrain.collectors.lockstep import LockstepCollector
 
-__all__ = ["LocalCollector", "MultiprocessCollector"]
+_MODULES = {"LocalCollector": "local", "LockstepCollector": "lockstep", "AsyncCollector": "asynchronous"}
+__all__ = list(_MODULES)
 
 
 def __getattr__(name: str):
-    if name == "LocalCollector":
-        from rltrain.collectors.local import LocalCollector
-
-        return LocalCollector
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"rltrain.collectors.{_MODULES[name]}"), name)
     if name == "MultiprocessCollector":
-        from rltrain.collectors.multiprocess import MultiprocessCollector
-
-        return MultiprocessCollector
+        raise AttributeError("rltrain.collectors.MultiprocessCollector is now two classes: LockstepCollector "
+                             "(it was mode: sync) and AsyncCollector (mode: async)")
     raise AttributeError(f"module 'rltrain.collectors' has no attribute {name!r}")

@@ -14,6 +14,7 @@ from torch import nn
 from rltrain.collectors.batch import as_batch
 from rltrain.collectors.rollout import Rollout, allocate_frames
 from rltrain.envs.batched import BatchedEnv
+from rltrain.errors import ConfigError
 from rltrain.protocols import Collector
 from rltrain.sync.base import WeightReceiver
 
@@ -27,6 +28,9 @@ class LocalCollector(Collector):
     ``policy_version`` (the weights version that chose the action).
     """
 
+    BATCH_ENVS = ("env.num_envs",)  # the envs one batch spans: frames_per_batch must be a multiple
+    IN_LEARNER_PROCESS = True
+
     def __init__(
         self,
         make_env: Callable[..., BatchedEnv],
@@ -37,7 +41,8 @@ class LocalCollector(Collector):
         self.env = make_env()
         if frames_per_batch % self.env.num_envs:
             self.env.close()
-            raise ValueError(f"frames_per_batch ({frames_per_batch}) must be a multiple of num_envs ({self.env.num_envs})")
+            raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of env.num_envs "
+                              f"({self.env.num_envs})")
         self.frames_per_batch = frames_per_batch
         try:
             self.policy = make_policy()

@@ -1,11 +1,15 @@
-"""The body of one collector worker process: build env and policy, connect weights, collect on demand.
+"""The body of one collector worker process: build env and policy, connect weights, then serve
+the learner with one of two loops (``serve_lockstep``, ``serve_async``), chosen by the collector.
 
-Messages on the worker's pipe, learner -> worker: ``("collect",)`` (sync mode), ``("free", slot)``
-(async mode: the learner has copied that buffer out), ``("state",)`` and ``("load", state)``
-(sync mode, between batches: for checkpoints), ``("close",)``. Worker -> learner: ``("ready",)``,
-``("batch", slot)``, ``("state", state)``, ``("loaded", error_or_None)``, ``("error", what, traceback_text)``
-(``what``: the exception's type and message, e.g. the env's own error). Frames travel through the
-shared-memory buffers, never through the pipe.
+Messages on the worker's pipe, learner -> worker: ``("collect",)`` (lock-step), ``("free", slot)``
+(async: the learner has copied that buffer out), ``("state",)`` and ``("load", state)`` (lock-step,
+between batches: for checkpoints), ``("close",)``. Worker -> learner: ``("ready",)``,
+``("batch", slot)``, ``("state", state)``, ``("loaded", error_or_None)``, ``("error", what,
+traceback_text)`` (``what``: the exception's type and message, e.g. the env's own error). Frames
+travel through the shared-memory buffers, never through the pipe.
+
+Only torch, numpy, gymnasium and rltrain's env, policy, rollout and sync modules are imported here
+(no Hydra, no tensordict): a spawned worker starts in about torch's own import time.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
+import numpy as np
 import torch
 
 from rltrain.collectors.rollout import Rollout
@@ -35,7 +40,7 @@ def worker_main(
     make_policy: Callable,
     receiver,
     buffers: list[dict[str, torch.Tensor]],
-    mode: str,
+    serve: Callable,
     seed: int = 0,
 ) -> None:
     # Ctrl-C (or a scheduler's SIGTERM) reaches the whole process group; the learner finishes its
@@ -49,29 +54,8 @@ def worker_main(
         env = make_env()
         policy = make_policy()
         receiver.connect(policy)
-        rollout = Rollout(env, policy, receiver, poll_each_step=mode == "async")
         arrays = [{k: t.numpy() for k, t in slot.items()} for slot in buffers]
-        conn.send(("ready",))
-        if mode == "sync":
-            while True:
-                msg = _recv(conn, receiver)
-                if msg[0] == "collect":
-                    rollout.collect(arrays[0])
-                    conn.send(("batch", 0))
-                elif msg[0] == "state":
-                    conn.send(("state", _save(rollout)))
-                elif msg[0] == "load":
-                    conn.send(("loaded", _load(rollout, msg[1])))
-        else:
-            free = list(range(len(arrays)))
-            while True:
-                while conn.poll():
-                    free.append(_handle(conn.recv()))
-                if not free:
-                    free.append(_recv(conn, receiver)[1])
-                slot = free.pop(0)
-                rollout.collect(arrays[slot])
-                conn.send(("batch", slot))
+        serve(conn, env, policy, receiver, arrays)
     except _Closed:
         pass
     except BaseException as e:  # noqa: BLE001  (everything goes back to the learner)
@@ -84,6 +68,36 @@ def worker_main(
         receiver.close()
         if env is not None:
             env.close()
+
+
+def serve_lockstep(conn, env, policy, receiver, arrays: list[dict[str, np.ndarray]]) -> None:
+    """One batch per ``collect`` command, new weights applied before each; states on request."""
+    rollout = Rollout(env, policy, receiver)
+    conn.send(("ready",))
+    while True:
+        msg = _recv(conn, receiver)
+        if msg[0] == "collect":
+            rollout.collect(arrays[0])
+            conn.send(("batch", 0))
+        elif msg[0] == "state":
+            conn.send(("state", _save(rollout)))
+        elif msg[0] == "load":
+            conn.send(("loaded", _load(rollout, msg[1])))
+
+
+def serve_async(conn, env, policy, receiver, arrays: list[dict[str, np.ndarray]]) -> None:
+    """Collect non-stop into whichever buffer the learner has freed, new weights between steps."""
+    rollout = Rollout(env, policy, receiver, poll_each_step=True)
+    conn.send(("ready",))
+    free = list(range(len(arrays)))
+    while True:
+        while conn.poll():
+            free.append(_freed(conn.recv()))
+        if not free:
+            free.append(_freed(_recv(conn, receiver)))
+        slot = free.pop(0)
+        rollout.collect(arrays[slot])
+        conn.send(("batch", slot))
 
 
 def _save(rollout: Rollout) -> dict | None:
@@ -105,17 +119,19 @@ def _load(rollout: Rollout, state: dict) -> str | None:
 def _recv(conn, receiver) -> tuple:
     """Wait for the learner's next message, applying new weights meanwhile; exit if the learner died."""
     parent = mp.parent_process()
-    handles = [conn] + ([receiver.waitable] if getattr(receiver, "waitable", None) is not None else [])
+    handles = [conn] + ([receiver.waitable] if receiver.waitable is not None else [])
     while conn not in wait(handles, timeout=_WAKE_S):
         if parent is not None and not parent.is_alive():
             raise _Closed
         receiver.poll()
     msg = conn.recv()
-    _handle(msg)
+    if msg[0] == "close":
+        raise _Closed
     return msg
 
 
-def _handle(msg: tuple):
+def _freed(msg: tuple) -> int:
+    """The slot of a ``free`` message (async workers get no other command but ``close``)."""
     if msg[0] == "close":
         raise _Closed
-    return msg[1] if msg[0] == "free" else None
+    return msg[1]

@@ -45,6 +45,7 @@ class WeightReceiver(ABC):
     """Collector side: gives a local policy the newest published snapshot."""
 
     version: int = 0
+    waitable = None  # a handle a waiting worker also waits on, so that a push never waits for its poll
 
     @abstractmethod
     def connect(self, policy: nn.Module) -> None:
@@ -62,7 +63,14 @@ class WeightReceiver(ABC):
 
 
 class WeightSyncScheme(ABC):
-    """A way of moving weights from one learner to its collectors."""
+    """A way of moving weights from one learner to its collectors.
+
+    Capabilities (checked by build): ``PUSHES``, whether pushes move new weights at all;
+    ``CROSS_PROCESS_ONLY``, whether its receivers must live in other processes than the learner.
+    """
+
+    PUSHES = True
+    CROSS_PROCESS_ONLY = False
 
     @abstractmethod
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:

@@ -33,6 +33,8 @@ class _InitialWeightsReceiver(WeightReceiver):
 class NoSync(WeightSyncScheme):
     """Never moves weights after the start: a baseline, or for collectors with a fixed policy."""
 
+    PUSHES = False
+
     def __init__(self):
         self._initial: FlatWeights | None = None
         self._version = 0

@@ -132,7 +132,9 @@ class _PipeReceiver(WeightReceiver):
 
 
 class PipeSync(WeightSyncScheme):
-    """Whole snapshots over one pipe per receiver."""
+    """Whole snapshots over one pipe per receiver (in other processes: a push waits for them to read)."""
+
+    CROSS_PROCESS_ONLY = True
 
     def __init__(self, timeout_s: float = 30.0):
         self.timeout_s = timeout_s

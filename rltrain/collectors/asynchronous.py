@@ -1,0 +1,63 @@
+"""``collector=async``: envs stepped in free-running worker processes.
+
+Each worker collects non-stop into two shared-memory buffers of its own; the learner takes
+whichever worker's batch is ready (``frames_per_batch`` frames from one worker) and workers pick
+up new weights between env steps, so a batch may mix versions: every frame is stamped with the
+one it acted with, and the trainer drops batches older than ``max_lag`` versions. Workers never
+pause, so their envs are not saved in checkpoints (a resumed run starts fresh episodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from tensordict import TensorDict
+
+from rltrain.collectors.batch import as_batch
+from rltrain.collectors.pool import WorkerPool
+from rltrain.collectors.worker import serve_async
+from rltrain.envs.batched import EnvSpec
+from rltrain.errors import ConfigError
+from rltrain.protocols import Collector
+from rltrain.sync.base import WeightReceiver
+
+
+class AsyncCollector(Collector):
+    """``workers`` free-running processes with ``envs_per_worker`` envs each; a batch is ``[T, envs_per_worker]``."""
+
+    BATCH_ENVS = ("collector.envs_per_worker",)  # the envs one batch spans: frames_per_batch is a multiple
+
+    def __init__(
+        self,
+        make_env: Callable,
+        make_policy: Callable,
+        make_receiver: Callable[[], WeightReceiver],
+        env_spec: EnvSpec,
+        frames_per_batch: int,
+        workers: int = 2,
+        envs_per_worker: int = 8,
+        max_lag: int | None = 2,
+        start_method: str = "spawn",
+        timeout_s: float = 60.0,
+        seed: int = 0,
+    ):
+        if frames_per_batch % envs_per_worker:
+            raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of "
+                              f"collector.envs_per_worker ({envs_per_worker})")
+        self.frames_per_batch, self.max_lag = frames_per_batch, max_lag
+        self.pool = WorkerPool(serve_async, make_env, make_policy, make_receiver, env_spec,
+                               steps=frames_per_batch // envs_per_worker, workers=workers,
+                               envs_per_worker=envs_per_worker, buffers_per_worker=2, start_method=start_method,
+                               timeout_s=timeout_s, seed=seed)
+
+    def __iter__(self) -> Iterator[TensorDict]:
+        pool, everyone = self.pool, set(range(self.pool.size))
+        while True:
+            for i, msg in pool.wait(everyone, "batch"):
+                slot = msg[1]
+                frames = {k: v.clone() for k, v in pool.buffers[i][slot].items()}
+                pool.send(i, ("free", slot))
+                yield as_batch(frames)
+
+    def close(self) -> None:
+        self.pool.close()
