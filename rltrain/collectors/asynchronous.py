@@ -27,20 +27,9 @@ class AsyncCollector(Collector):
 
     BATCH_ENVS = ("collector.envs_per_worker",)  # the envs one batch spans: frames_per_batch is a multiple
 
-    def __init__(
-        self,
-        make_env: Callable,
-        make_policy: Callable,
-        make_receiver: Callable[[], WeightReceiver],
-        env_spec: EnvSpec,
-        frames_per_batch: int,
-        workers: int = 2,
-        envs_per_worker: int = 8,
-        max_lag: int | None = 2,
-        start_method: str = "spawn",
-        timeout_s: float = 60.0,
-        seed: int = 0,
-    ):
+    def __init__(self, make_env: Callable, make_policy: Callable, make_receiver: Callable[[], WeightReceiver],
+                 env_spec: EnvSpec, frames_per_batch: int, workers: int = 2, envs_per_worker: int = 8,
+                 max_lag: int | None = 2, start_method: str = "spawn", timeout_s: float = 60.0, seed: int = 0):
         if frames_per_batch % envs_per_worker:
             raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of "
                               f"collector.envs_per_worker ({envs_per_worker})")

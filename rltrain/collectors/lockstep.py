@@ -27,19 +27,9 @@ class LockstepCollector(Collector):
     # The envs one batch spans (a product of these config keys): frames_per_batch must be a multiple.
     BATCH_ENVS = ("collector.workers", "collector.envs_per_worker")
 
-    def __init__(
-        self,
-        make_env: Callable,
-        make_policy: Callable,
-        make_receiver: Callable[[], WeightReceiver],
-        env_spec: EnvSpec,
-        frames_per_batch: int,
-        workers: int = 2,
-        envs_per_worker: int = 8,
-        start_method: str = "spawn",
-        timeout_s: float = 60.0,
-        seed: int = 0,
-    ):
+    def __init__(self, make_env: Callable, make_policy: Callable, make_receiver: Callable[[], WeightReceiver],
+                 env_spec: EnvSpec, frames_per_batch: int, workers: int = 2, envs_per_worker: int = 8,
+                 start_method: str = "spawn", timeout_s: float = 60.0, seed: int = 0):
         if frames_per_batch % (workers * envs_per_worker):
             raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of "
                               f"collector.workers x collector.envs_per_worker ({workers * envs_per_worker})")
