@@ -87,7 +87,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), policy=policy, device=device,
                           total_frames=cfg.trainer.total_frames)
         restore.algo(algo, resolved)
-        scheme = _construct(_without(cfg.sync, WIRING_KEYS["sync"]))
+        scheme = _construct(cfg.sync)
         sender = restore.sender(scheme, policy)
         cleanup.callback(sender.close)
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
@@ -98,7 +98,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         restore.collector(collector)
 
         loggers = _build_loggers(cfg, run_dir, resolved, restore, cleanup)
-        runtime = {"policy": policy, "sender": sender, "loggers": loggers, "device": device,
+        runtime = {"policy": policy, "sender": sender, "sync": scheme, "loggers": loggers, "device": device,
                    "make_env": functools.partial(make_env, seed=cfg.seed + 1_000_000),
                    "env_spec": env_spec, "run_dir": run_dir, "algo": algo, "collector": collector,
                    "config": resolved}

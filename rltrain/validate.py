@@ -38,7 +38,7 @@ INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger}
 TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "trainer", "algo", "env", "collector", "sync", "logger",
                   "hooks", "hydra")
 # Keys that build() consumes itself rather than passing to the node's _target_.
-WIRING_KEYS = {"algo": {"network"}, "sync": {"every"}}
+WIRING_KEYS = {"algo": {"network"}}
 # Arguments build() passes at instantiate time; a config must not set them.
 RUNTIME_ARGS = {
     "env": {"seed"},
@@ -46,8 +46,8 @@ RUNTIME_ARGS = {
     "algo.network": {"env_spec"},
     "collector": {"make_env", "make_policy", "make_receiver", "env_spec", "seed"},
     "logger": {"run_dir", "config", "resume"},
-    "hooks": {"policy", "sender", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
-              "config"},
+    "hooks": {"policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo",
+              "collector", "config"},
     "trainer": {"collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock"},
 }
 

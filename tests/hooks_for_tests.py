@@ -6,12 +6,13 @@ import json
 from pathlib import Path
 
 from rltrain.hooks import Hook
+from rltrain.hooks.base import EVERY_UPDATE
 
 
 class RecordingHook(Hook):
     """Records, per event, the counters of the TrainState it was given (to a file, for CLI tests)."""
 
-    def __init__(self, every=None, run_dir: Path | None = None):
+    def __init__(self, every=EVERY_UPDATE, run_dir: Path | None = None):
         super().__init__(every)
         self.run_dir = run_dir
         self.calls: list[tuple[str, int, int, int]] = []
@@ -39,7 +40,7 @@ class RecordingHook(Hook):
 class FailingHook(Hook):
     """Raises the given exception type at the ``at_update``-th update."""
 
-    def __init__(self, at_update: int = 2, error: str = "RuntimeError", every=None):
+    def __init__(self, at_update: int = 2, error: str = "RuntimeError", every=EVERY_UPDATE):
         super().__init__(every)
         self.at_update, self.error = at_update, error
 
@@ -52,7 +53,7 @@ class SignalAt(Hook):
     """Sends its own process ``signal`` (a name), ``times`` times in a row, once ``frames`` frames are
     reached: what a scheduler or Ctrl-C does, at a reproducible point of the run."""
 
-    def __init__(self, frames: int, signal: str = "SIGTERM", times: int = 1, every=None):
+    def __init__(self, frames: int, signal: str = "SIGTERM", times: int = 1, every=EVERY_UPDATE):
         super().__init__(every)
         self.frames, self.signal, self.times, self.sent = frames, signal, times, False
 
@@ -70,7 +71,7 @@ class SignalDuringUpdate(Hook):
     """Sends its own process ``signal`` ``delay_s`` after batch ``at_batch`` arrives, that is, while
     the update on that batch is under way (as a scheduler's SIGTERM would land)."""
 
-    def __init__(self, at_batch: int, delay_s: float = 0.3, signal: str = "SIGTERM", every=None):
+    def __init__(self, at_batch: int, delay_s: float = 0.3, signal: str = "SIGTERM", every=EVERY_UPDATE):
         super().__init__(every)
         self.at_batch, self.delay_s, self.signal = at_batch, delay_s, signal
 

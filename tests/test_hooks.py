@@ -85,3 +85,22 @@ def test_weight_push_follows_sync_every(tmp_path):
     assert summary["sync"]["pushes"] == 3 and summary["sync"]["version"] == 3
     # The local collector polls before every batch, so it always acts with the newest pushed version.
     assert summary["sync"]["max_lag"] == 0 and summary["sync"]["mean_lag"] == 0
+
+
+def test_every_null_means_never_and_at_end_runs_the_hook_once_more_at_the_end(tmp_path):
+    from rltrain.hooks import Hook
+
+    class Counting(Hook):
+        def __init__(self):
+            super().__init__(every=None, at_end=True)
+            self.frames_seen = []
+
+        def on_update(self, state):
+            self.frames_seen.append(state.frames)
+
+    state = TrainState(run_dir=".", total_frames=10)
+    state.frames = state.batches = state.updates = 10**6
+    hook = Counting()
+    assert not hook.schedule.due(state)  # null: never on a schedule
+    hook.on_end(state)
+    assert hook.frames_seen == [10**6]  # ...but once at the end, with at_end

@@ -1,14 +1,17 @@
 """The hook interface and its schedule.
 
-A hook is a small class whose methods are named after the moment they run. ``on_update`` runs
-only when the hook's schedule is due: ``every: {frames|batches|updates|seconds: N}`` in the
-config, or after every update when ``every`` is null.
+A hook is a small class whose methods are named after the moment they run, each given the
+``TrainState``. ``on_update`` runs when the hook's schedule is due: ``every: {frames|batches|
+updates|seconds: N}`` in the config, after every update when ``every`` is left out, and never when
+it is null (then the hook acts only at its other moments). With ``at_end``, ``on_update`` also runs
+once more when the run finishes normally (the final evaluation, log row, checkpoint).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -17,15 +20,16 @@ if TYPE_CHECKING:
     from rltrain.state import TrainState
 
 SCHEDULE_UNITS = ("frames", "batches", "updates", "seconds")
+EVERY_UPDATE = MappingProxyType({"updates": 1})  # read-only: a safe default argument
 
 
 class Schedule:
-    """Due once per ``n`` frames, batches, updates or seconds (crossing each multiple once)."""
+    """Due once per ``n`` frames, batches, updates or seconds (crossing each multiple once); never if
+    ``every`` is None."""
 
-    def __init__(self, every: Mapping[str, float] | None = None):
-        if not every:
-            self.unit, self.n = "updates", 1
-        else:
+    def __init__(self, every: Mapping[str, float] | None):
+        self.unit, self.n = None, None
+        if every is not None:
             if len(every) != 1 or next(iter(every)) not in SCHEDULE_UNITS:
                 raise ValueError(f"every must have exactly one of {', '.join(SCHEDULE_UNITS)} (got {dict(every)})")
             self.unit, self.n = next(iter(every.items()))
@@ -37,10 +41,12 @@ class Schedule:
     def catch_up(self, state: TrainState) -> None:
         """Count the multiples already behind ``state`` as done (a resumed run starts mid-way)."""
         self._last_time = time.monotonic()
-        if self.unit != "seconds":
+        if self.unit not in (None, "seconds"):
             self._last_mark = int(state.count_at_last_update(self.unit) // self.n)
 
     def due(self, state: TrainState) -> bool:
+        if self.unit is None:
+            return False
         if self.unit == "seconds":
             now = time.monotonic()
             if now - self._last_time >= self.n:
@@ -59,8 +65,9 @@ class Hook:
 
     phase = "hooks"
 
-    def __init__(self, every: Mapping[str, float] | None = None):
+    def __init__(self, every: Mapping[str, float] | None = EVERY_UPDATE, at_end: bool = False):
         self.schedule = Schedule(every)
+        self.at_end = at_end
 
     def on_start(self, state: TrainState) -> None:
         """Once, before the first batch is collected."""
@@ -69,10 +76,12 @@ class Hook:
         """After each batch arrives, before the update."""
 
     def on_update(self, state: TrainState) -> None:
-        """After an update, when the schedule is due."""
+        """After an update, when the schedule is due (and at the end, with ``at_end``)."""
 
     def on_end(self, state: TrainState) -> None:
-        """Once, after the last update of a run that finished normally."""
+        """Once, after the last update of a run that finished normally: ``on_update`` if ``at_end``."""
+        if self.at_end:
+            self.on_update(state)
 
     def on_interrupt(self, state: TrainState) -> None:
         """Once, after the last update of a run stopped by SIGINT or SIGTERM (instead of ``on_end``)."""

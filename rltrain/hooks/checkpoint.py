@@ -5,12 +5,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from pathlib import Path
 
 from rltrain import checkpoint
 from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector
+from rltrain.state import TrainState
 from rltrain.sync import WeightSender
 
 log = logging.getLogger("rltrain")
@@ -19,7 +21,8 @@ log = logging.getLogger("rltrain")
 class CheckpointHook(Hook):
     """Saves everything a run needs to continue as if never stopped (see ``rltrain.checkpoint``).
 
-    ``every``: e.g. ``{seconds: 600}`` or ``{frames: 100000}``; ``keep_last``: older files are
+    ``every``: e.g. ``{seconds: 600}`` or ``{frames: 100000}`` (null: only at the end, with
+    ``at_end``, and when a signal stops the run); ``keep_last``: older files are
     deleted once a new one is safely written; ``replay_buffer``: include the replay buffer
     (off-policy algos), large but needed for an exact continuation.
     """
@@ -32,32 +35,26 @@ class CheckpointHook(Hook):
         sender: WeightSender,
         run_dir: str | Path,
         config: dict,
-        every: Mapping[str, float] | None = None,
+        every: Mapping[str, float] | None = MappingProxyType({"seconds": 600}),
         keep_last: int = 2,
         replay_buffer: bool = True,
         at_end: bool = True,
     ):
-        super().__init__(every)
-        self.enabled = every is not None
+        super().__init__(every, at_end)
         self.algo, self.collector, self.loggers, self.sender = algo, collector, list(loggers), sender
         self.run_dir, self.config = Path(run_dir), config
-        self.keep_last, self.replay_buffer, self.at_end = keep_last, replay_buffer, at_end
+        self.keep_last, self.replay_buffer = keep_last, replay_buffer
 
-    def on_start(self, state) -> None:
+    def on_start(self, state: TrainState) -> None:
         checkpoint.write_config(self.run_dir, self.config)
 
-    def on_update(self, state) -> None:
-        if self.enabled:
-            self.save(state)
-
-    def on_end(self, state) -> None:
-        if self.at_end:
-            self.save(state)
-
-    def on_interrupt(self, state) -> None:
+    def on_update(self, state: TrainState) -> None:
         self.save(state)
 
-    def save(self, state) -> Path:
+    def on_interrupt(self, state: TrainState) -> None:
+        self.save(state)
+
+    def save(self, state: TrainState) -> Path:
         t0 = time.perf_counter()
         path = checkpoint.path_for(self.run_dir, state.frames)
         checkpoint.save(path, checkpoint.capture(state, self.algo, self.collector, self.sender, self.loggers,

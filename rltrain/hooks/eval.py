@@ -13,12 +13,13 @@ from torch import nn
 
 from rltrain.envs import BatchedEnv
 from rltrain.hooks.base import Hook
+from rltrain.state import TrainState
 
 log = logging.getLogger("rltrain")
 
 
 class EvalHook(Hook):
-    """Runs ``episodes`` episodes on its schedule (if ``every`` is set) and at the end of the run.
+    """Runs ``episodes`` episodes on its schedule (``every``; null: never) and at the end of the run (``at_end``).
 
     Logs ``eval/return`` and ``eval/episode_length``; the final mean becomes ``eval_return`` in
     summary.json. ``video``: also record one deterministic episode per evaluation to
@@ -40,23 +41,18 @@ class EvalHook(Hook):
         video: bool = False,
         run_dir: str | Path = ".",
     ):
-        super().__init__(every)
-        self.enabled = every is not None
+        super().__init__(every, at_end)
         self.policy, self.make_env, self.device = policy, make_env, torch.device(device)
-        self.episodes, self.at_end, self.max_steps = episodes, at_end, max_steps
+        self.episodes, self.max_steps = episodes, max_steps
         self.video, self.video_dir = video, Path(run_dir) / "videos"
         self._env: BatchedEnv | None = None
         self._evaluated_at: int | None = None  # frames of the latest evaluation
 
-    def on_update(self, state) -> None:
-        if self.enabled:
+    def on_update(self, state: TrainState) -> None:
+        if self._evaluated_at != state.frames:  # not twice at one frame count (a scheduled one, then at_end)
             self.evaluate(state)
 
-    def on_end(self, state) -> None:
-        if self.at_end and self._evaluated_at != state.frames:  # not twice at one frame count
-            self.evaluate(state)
-
-    def evaluate(self, state) -> float:
+    def evaluate(self, state: TrainState) -> float:
         """One episode per eval env, deterministic actions; returns the mean episode return."""
         if self._env is None:
             self._env = self.make_env(num_envs=self.episodes)
@@ -104,6 +100,6 @@ class EvalHook(Hook):
             env.close()  # writes the file
         log.info("eval video: %s", next(self.video_dir.glob(f"eval-frames_{frames:012d}*"), self.video_dir))
 
-    def close(self, state, summary) -> None:
+    def close(self, state: TrainState, summary) -> None:
         if self._env is not None:
             self._env.close()

@@ -4,32 +4,32 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
+from rltrain.state import TrainState
 
 
 class LogHook(Hook):
     """Writes a row of ``frames``, ``updates``, the metric window (means, and the ``time/<phase>``
-    seconds the timing hook folded in) and ``perf/fps`` on its schedule."""
+    seconds the timing hook folded in) and ``perf/fps`` on its schedule, and one at the end."""
 
     phase = "log"
 
-    def __init__(self, loggers: Sequence[Logger], every: Mapping[str, float] | None = None):
-        super().__init__(every)
+    def __init__(self, loggers: Sequence[Logger], every: Mapping[str, float] | None = MappingProxyType({"seconds": 2}),
+                 at_end: bool = True):
+        super().__init__(every, at_end)
         self.loggers = list(loggers)
         self._last_frames, self._last_time = 0, time.perf_counter()
 
-    def on_start(self, state) -> None:
+    def on_start(self, state: TrainState) -> None:
         self._last_frames, self._last_time = state.frames, time.perf_counter()
 
-    def on_update(self, state) -> None:
+    def on_update(self, state: TrainState) -> None:
         self.write_row(state)
 
-    def on_end(self, state) -> None:
-        self.write_row(state)
-
-    def write_row(self, state) -> None:
+    def write_row(self, state: TrainState) -> None:
         now = time.perf_counter()
         row: dict[str, float] = {"frames": state.frames, "updates": state.updates}
         if state.recent_returns:

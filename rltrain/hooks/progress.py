@@ -6,10 +6,12 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from contextlib import ExitStack
 from datetime import timedelta
 
 from rltrain.hooks.base import Hook
+from rltrain.state import TrainState
 
 log = logging.getLogger("rltrain")
 
@@ -21,14 +23,14 @@ class ProgressHook(Hook):
     ``false`` always prints plain lines, one per ``every`` (``true`` forces the bar).
     """
 
-    def __init__(self, every: Mapping[str, float] | None = None, bar: bool | str = "auto"):
+    def __init__(self, every: Mapping[str, float] | None = MappingProxyType({"seconds": 30}), bar: bool | str = "auto"):
         super().__init__(every)
         self.bar_mode = bar
         self._bar = None
         self._stack = ExitStack()
         self._start_frames, self._start_time = 0, time.perf_counter()
 
-    def on_start(self, state) -> None:
+    def on_start(self, state: TrainState) -> None:
         self._start_frames, self._start_time = state.frames, time.perf_counter()
         if self.bar_mode is True or (self.bar_mode == "auto" and sys.stderr.isatty()):
             from tqdm import tqdm
@@ -39,16 +41,16 @@ class ProgressHook(Hook):
                 dynamic_ncols=True, file=sys.stderr, smoothing=0.05, leave=True))
             self._stack.enter_context(logging_redirect_tqdm())
 
-    def on_batch(self, state, batch) -> None:
+    def on_batch(self, state: TrainState, batch) -> None:
         if self._bar is not None:
             self._bar.set_postfix_str(self._returns(state), refresh=False)
             self._bar.update(state.frames - self._bar.n)
 
-    def on_update(self, state) -> None:
+    def on_update(self, state: TrainState) -> None:
         if self._bar is None:
             log.info(self.line(state))
 
-    def line(self, state) -> str:
+    def line(self, state: TrainState) -> str:
         elapsed = time.perf_counter() - self._start_time
         fps = (state.frames - self._start_frames) / elapsed if elapsed > 0 else 0.0
         left = max(state.total_frames - state.frames, 0)
@@ -57,11 +59,11 @@ class ProgressHook(Hook):
                 f" | {fps:,.0f} fps | {self._returns(state)} | ETA {eta}")
 
     @staticmethod
-    def _returns(state) -> str:
+    def _returns(state: TrainState) -> str:
         train = "-" if state.train_return is None else f"{state.train_return:.1f}"
         evaluation = "-" if state.eval_return is None else f"{state.eval_return:.1f}"
         return f"return {train} | eval {evaluation}"
 
-    def close(self, state, summary) -> None:
+    def close(self, state: TrainState, summary) -> None:
         self._stack.close()
         self._bar = None

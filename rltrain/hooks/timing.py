@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 
-from rltrain.hooks.base import Hook
+from rltrain.hooks.base import EVERY_UPDATE, Hook
+from rltrain.state import TrainState
 from rltrain.timing import format_table
 
 log = logging.getLogger("rltrain")
@@ -21,25 +22,20 @@ class TimingHook(Hook):
 
     phase = "hooks"
 
-    def __init__(self, every: Mapping[str, float] | None = None, cuda_sync: bool = False, table: bool = True):
-        super().__init__(every)
+    def __init__(self, every: Mapping[str, float] | None = EVERY_UPDATE, cuda_sync: bool = False, table: bool = True,
+                 at_end: bool = True):
+        super().__init__(every, at_end)
         self.cuda_sync, self.table = cuda_sync, table
 
-    def on_start(self, state) -> None:
+    def on_start(self, state: TrainState) -> None:
         state.timer.cuda_sync = self.cuda_sync
 
-    def on_update(self, state) -> None:
-        self._fold(state)
-
-    def on_end(self, state) -> None:
-        self._fold(state)
-
-    def on_interrupt(self, state) -> None:
-        self._fold(state)
-
-    def _fold(self, state) -> None:
+    def on_update(self, state: TrainState) -> None:
         state.window.accumulate({f"time/{phase}": round(s, 6) for phase, s in state.timer.drain_window().items()})
 
-    def close(self, state, summary) -> None:
+    def on_interrupt(self, state: TrainState) -> None:
+        self.on_update(state)
+
+    def close(self, state: TrainState, summary) -> None:
         if self.table:
             log.info("time per phase:\n%s", format_table(summary))

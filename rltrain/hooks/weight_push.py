@@ -1,29 +1,32 @@
-"""Pushes the learner's policy weights to the collectors through the weight-sync sender."""
+"""When the collectors get new weights: every ``sync.every`` batches, through the sync scheme.
+
+This is the one place that decides it. ``sync.every`` is the scheme's ``every`` (the key of
+``rltrain/configs/sync/*.yaml``); ``sync=none`` has none, so it never pushes.
+"""
 
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
 
 from rltrain.hooks.base import Hook
-from rltrain.sync import WeightSender
+from rltrain.state import TrainState
+from rltrain.sync import WeightSender, WeightSyncScheme
 
 
 class WeightPushHook(Hook):
-    """Publishes a new weights version on its schedule (``sync.every`` batches by default)."""
+    """Publishes a new weights version every ``sync.every`` batches."""
 
     phase = "sync"
 
-    def __init__(self, sender: WeightSender, every: Mapping[str, float] | None = None):
-        super().__init__(every)
+    def __init__(self, sender: WeightSender, sync: WeightSyncScheme):
+        super().__init__({"batches": sync.every} if sync.every else None)
         self.sender = sender
 
-    def on_update(self, state) -> None:
+    def on_update(self, state: TrainState) -> None:
         t0 = time.perf_counter()
-        version = self.sender.push()
-        if version != state.version:  # sync=none publishes nothing
-            state.version, state.pushes = version, state.pushes + 1
+        state.version = self.sender.push()
+        state.pushes += 1
         state.window.add({"sync/push_ms": (time.perf_counter() - t0) * 1e3})
 
-    def close(self, state, summary) -> None:
+    def close(self, state: TrainState, summary) -> None:
         self.sender.close()

@@ -26,7 +26,6 @@ class WeightSender(ABC):
     """Learner side: ``push`` publishes the policy's current weights as version ``version + 1``."""
 
     version: int = 0
-    pushes: int = 0
 
     @abstractmethod
     def push(self) -> int:
@@ -71,6 +70,7 @@ class WeightSyncScheme(ABC):
 
     PUSHES = True
     CROSS_PROCESS_ONLY = False
+    every: int | None = None  # batches between pushes (``sync.every``; WeightPushHook reads it), None: never
 
     @abstractmethod
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:

@@ -69,7 +69,7 @@ class _PipeSender(WeightSender):
             except OSError as e:
                 raise SyncError(f"pipe: weights version {version} could not reach receiver {i} ({e}); "
                                 "its collector worker has exited") from None
-        self.version, self.pushes = version, self.pushes + 1
+        self.version = version
         return version
 
     def close(self) -> None:
@@ -136,8 +136,8 @@ class PipeSync(WeightSyncScheme):
 
     CROSS_PROCESS_ONLY = True
 
-    def __init__(self, timeout_s: float = 30.0):
-        self.timeout_s = timeout_s
+    def __init__(self, every: int = 1, timeout_s: float = 30.0):
+        self.every, self.timeout_s = every, timeout_s
         self._initial: FlatWeights | None = None
         self._initial_version = 0
         self._writers: list = []

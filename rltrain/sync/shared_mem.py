@@ -133,7 +133,7 @@ class _SharedMemSender(WeightSender):
         version = self.version + 1
         with shared.locked():
             shared.word.fill_(version * n_slots + slot)
-        self.version, self.pushes = version, self.pushes + 1
+        self.version = version
         return version
 
     def published(self) -> dict[str, torch.Tensor]:
@@ -171,10 +171,10 @@ class _SharedMemReceiver(WeightReceiver):
 class SharedMemSync(WeightSyncScheme):
     """Versioned snapshots in ``slots`` shared-memory buffers, read in place by every collector."""
 
-    def __init__(self, slots: int = 3, timeout_s: float = 30.0):
+    def __init__(self, every: int = 1, slots: int = 3, timeout_s: float = 30.0):
         if slots < 2:
             raise ValueError("slots must be >= 2 (one published, one being written)")
-        self.n_slots, self.timeout_s = slots, timeout_s
+        self.every, self.n_slots, self.timeout_s = every, slots, timeout_s
         self._shared: _Shared | None = None
 
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
