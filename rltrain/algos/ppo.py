@@ -32,12 +32,12 @@ class PPO:
         policy: ActorCritic,
         total_frames: int,
         device: torch.device | str = "cpu",
-        lr: float = 3e-4,  # Adam learning rate (the start value when annealed)
+        lr: float = 3e-3,  # Adam learning rate (the start value when annealed)
         anneal_lr: bool = True,  # decay the lr linearly to 0 over trainer.total_frames
-        gamma: float = 0.99,  # discount factor
-        gae_lambda: float = 0.95,  # GAE lambda: 0 = one-step TD, 1 = Monte Carlo returns
+        gamma: float = 0.98,  # discount factor
+        gae_lambda: float = 0.8,  # GAE lambda: 0 = one-step TD, 1 = Monte Carlo returns
         epochs: int = 10,  # passes over each collected batch
-        minibatch_size: int = 64,  # samples per gradient step (the batch is collector.frames_per_batch)
+        minibatch_size: int = 256,  # samples per gradient step (the batch is collector.frames_per_batch)
         clip_coef: float = 0.2,  # epsilon of the clipped ratio objective
         clip_vloss: bool = False,  # also clip the value update to +-clip_coef around the old values
         vf_coef: float = 0.5,  # weight of the value loss

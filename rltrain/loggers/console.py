@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from rltrain.loggers.base import Logger
@@ -13,8 +14,8 @@ log = logging.getLogger("rltrain")
 class ConsoleLogger(Logger):
     """Prints frames, returns, fps and the main losses; ``keys`` adds more columns by metric name."""
 
-    def __init__(self, keys: list[str] | None = None):
-        self.keys = list(keys or [])
+    def __init__(self, keys: Sequence[str] = ()):
+        self.keys = list(keys)
 
     def log(self, row: dict[str, float], step: int) -> None:
         parts = [f"frames {int(row['frames']):>9,}"]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import netrc
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ class WandbLogger(Logger):
         entity: str | None = None,
         name: str | None = None,
         group: str | None = None,
-        tags: list[str] | None = None,
+        tags: Sequence[str] = (),
         mode: str = "auto",
         resume: dict | None = None,
     ):
@@ -57,7 +58,7 @@ class WandbLogger(Logger):
             entity=entity,
             name=name,
             group=group,
-            tags=list(tags or []),
+            tags=list(tags),
             config=config,
             dir=str(run_dir),
             mode=resolve_mode(mode),
