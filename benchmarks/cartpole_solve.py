@@ -60,7 +60,8 @@ def main() -> None:
     print(f"\nCartPole-v1 solve (last-10 training return >= 475), seeds {args.seeds}, medians")
     print(f"{'':10} {'whole process s':>16} {'learning s':>11} {'frames to solve':>16} {'unsolved':>9}")
     for name, results in rows.items():
-        print(f"{name:10} {median([r['wall_s'] for r in results]):16.2f} {median([r['learn_s'] for r in results]):11.2f}"
+        wall, learn = median([r["wall_s"] for r in results]), median([r["learn_s"] for r in results])
+        print(f"{name:10} {wall:16.2f} {learn:11.2f}"
               f" {median([r['frames_to_solve'] for r in results]):16,.0f}"
               f" {sum(r['frames_to_solve'] is None for r in results):9d}")
     ratio_wall = median([r["wall_s"] for r in rows["rltrain"]]) / median([r["wall_s"] for r in rows["sb3"]])

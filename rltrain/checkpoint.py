@@ -97,9 +97,9 @@ class Restore:
             return
         saved, path = self.saved, self.path
         if saved["algo_class"] != type(algo).__name__:
+            algo_option = saved["config"]["algo"]["_target_"].rsplit(".", 1)[-1].lower()
             raise CheckpointError(f"{path} holds a {saved['algo_class']} run; this config builds "
-                                  f"{type(algo).__name__}. Resume with algo="
-                                  f"{saved['config']['algo']['_target_'].rsplit('.', 1)[-1].lower()}, or start a new run")
+                                  f"{type(algo).__name__}. Resume with algo={algo_option}, or start a new run")
         check_compatible(saved["algo"], algo.state_dict(), "algo")
         algo.load_state_dict(saved["algo"])
         changes = config_changes(saved["config"], config)

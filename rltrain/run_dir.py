@@ -81,7 +81,8 @@ class RunDirLock:
             except FileNotFoundError:
                 pass
             os.close(fd)
-        owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": datetime.now().isoformat(timespec="seconds")}
+        since = datetime.now().isoformat(timespec="seconds")
+        owner = {"pid": os.getpid(), "host": socket.gethostname(), "since": since}
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(owner) + "\n").encode(), 0)
         return cls(fd, path)

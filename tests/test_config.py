@@ -146,7 +146,8 @@ def test_full_error_env_var_shows_the_traceback(tmp_path):
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ["algo: ppo, sac", "collector: async, local, lockstep", "sync: none, pipe, shared_mem", "logger: console, csv, wandb"]:
+    for line in ["algo: ppo, sac", "collector: async, local, lockstep", "sync: none, pipe, shared_mem",
+                 "logger: console, csv, wandb"]:
         assert line in result.stdout
     assert "env: " in result.stdout and "cartpole" in result.stdout
 

@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import tests.toy_envs  # noqa: F401  (registers Counting-v0)
+from rltrain.algos import ActorCritic
 from rltrain.algos.advantages import gae
 from rltrain.collectors import LocalCollector
 from rltrain.envs import BatchedEnv
-from rltrain.algos import ActorCritic
 from rltrain.sync import SharedMemSync
 
 

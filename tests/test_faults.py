@@ -87,7 +87,8 @@ def test_an_env_that_fails_to_reset_at_start_up_leaves_a_summary_that_says_why(c
     result = run_cli(*FAULTY, "+env.kwargs.fault=raise_on_reset", f"collector={collector}", cwd=tmp_path)
     env_error = (r"EnvError: env tests.toy_envs:Faulty-v0 \(env 0 of \d+\) raised in reset\(\) at its step 0: "
                  r"RuntimeError: env could not connect to its simulator")
-    where = r"CollectorError: collector worker \d \(pid \d+\) failed while starting: " if collector == "lockstep" else ""
+    where = (r"CollectorError: collector worker \d \(pid \d+\) failed while starting: "
+             if collector == "lockstep" else "")
     run_dir = tmp_path / "run"
     summary = assert_failed(result.returncode, result.stderr, "while starting", where + env_error, run_dir)
     assert summary["frames"] == 0

@@ -69,7 +69,8 @@ def test_a_resumed_schedule_does_not_fire_for_the_past():
 
 
 def test_a_user_hook_joins_from_the_command_line(tmp_path):
-    result = run_cli(RECORDING, "+hooks.rec.every={batches:2}", "trainer.total_frames=1024", "collector.frames_per_batch=256",
+    result = run_cli(RECORDING, "+hooks.rec.every={batches:2}", "trainer.total_frames=1024",
+                     "collector.frames_per_batch=256",
                      "trainer.stop_at_return=null", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     calls = json.loads((tmp_path / "run" / "recording.json").read_text())

@@ -6,11 +6,11 @@ import functools
 import gc
 import json
 import multiprocessing as mp
-from multiprocessing import resource_tracker
 import os
 import re
 import signal
 import time
+from multiprocessing import resource_tracker
 from pathlib import Path
 
 import pytest
@@ -270,7 +270,8 @@ def test_ctrl_c_stops_workers_and_leaves_nothing_behind(collector, tmp_path):
 
 def test_pipe_sync_delivers_a_network_larger_than_the_pipe_buffer(tmp_path, no_leftovers):
     cfg = make_config("collector=lockstep", "sync=pipe", "algo.network.hidden_sizes=[1024,1024]",
-                      "trainer.total_frames=1024", "collector.frames_per_batch=256", "trainer.stop_at_return=null", "hooks.eval.episodes=1")
+                      "trainer.total_frames=1024", "collector.frames_per_batch=256", "trainer.stop_at_return=null",
+                      "hooks.eval.episodes=1")
     summary = build(cfg, run_dir=tmp_path).fit()
     assert summary["status"] == "completed" and summary["sync"]["pushes"] == 4
 

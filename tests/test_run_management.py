@@ -226,7 +226,8 @@ def test_a_second_signal_stops_at_once_without_a_checkpoint(tmp_path):
 
 def test_checkpoints_follow_their_schedule_and_keep_the_last_n(tmp_path):
     cfg = make_config("trainer.total_frames=8192", "trainer.stop_at_return=null",
-                      "~hooks.checkpoint.every", "+hooks.checkpoint.every={frames:2048}", "hooks.checkpoint.keep_last=2")
+                      "~hooks.checkpoint.every", "+hooks.checkpoint.every={frames:2048}",
+                      "hooks.checkpoint.keep_last=2")
     build(cfg, run_dir=tmp_path).fit()
     assert [p.name for p in checkpoint.listing(tmp_path)] == ["frames_000000006144.pt", "frames_000000008192.pt"]
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))

@@ -154,6 +154,7 @@ def test_the_sac_pendulum_recipe_solves_pendulum_within_20k_frames(tmp_path):
 
 @pytest.mark.slow
 def test_sac_on_pendulum_with_the_default_configs_stops_once_solved(tmp_path):
-    summary = build(make_config("algo=sac", "env=pendulum"), run_dir=tmp_path).fit()  # python -m rltrain algo=sac env=pendulum
+    # python -m rltrain algo=sac env=pendulum
+    summary = build(make_config("algo=sac", "env=pendulum"), run_dir=tmp_path).fit()
     assert summary["solved"] is True and summary["train_return"] >= -200
     assert summary["frames_to_solve"] <= 20_000

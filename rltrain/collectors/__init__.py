@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from rltrain.collectors.lockstep import LockstepCollector
 
 _MODULES = {"LocalCollector": "local", "LockstepCollector": "lockstep", "AsyncCollector": "asynchronous"}
-__all__ = list(_MODULES)
+__all__ = ["AsyncCollector", "LocalCollector", "LockstepCollector"]
 
 
 def __getattr__(name: str):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from types import MappingProxyType
 from pathlib import Path
+from types import MappingProxyType
 
 from rltrain import checkpoint
 from rltrain.hooks.base import Hook

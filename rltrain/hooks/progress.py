@@ -6,9 +6,9 @@ import logging
 import sys
 import time
 from collections.abc import Mapping
-from types import MappingProxyType
 from contextlib import ExitStack
 from datetime import timedelta
+from types import MappingProxyType
 
 from rltrain.hooks.base import Hook
 from rltrain.state import TrainState

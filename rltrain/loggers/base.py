@@ -6,7 +6,8 @@ from typing import Any
 
 
 class Logger:
-    """Receives one dict of metrics per log step (keys per DESIGN.md: ``frames``, ``loss/...``).
+    """Receives one dict of metrics per log step (the keys of the README's "What a run writes":
+    ``frames``, ``loss/...``).
 
     A logger that takes a ``resume`` argument gets, in a resumed run, its checkpointed
     ``state_dict()`` plus ``frames`` (where the checkpoint was taken): rows past it were written
