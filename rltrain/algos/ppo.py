@@ -108,46 +108,47 @@ class PPO:
                 "advantages": advantages.flatten(), "returns": returns.flatten(),
                 "epoch": 0, "perm": None, "next": 0, "losses": [], "diagnostics": []}
 
+    def _loss(self, p: dict, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """PPO's loss on the minibatch ``idx``: (loss, its three parts detached, ratio, log ratio)."""
+        log_prob, entropy, new_value = self.policy.evaluate(p["obs"][idx], p["action"][idx])
+        log_ratio = log_prob - p["old_log_prob"][idx]
+        ratio = log_ratio.exp()
+        adv = p["advantages"][idx]
+        if self.norm_adv and adv.numel() > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+
+        # Clipped surrogate: the pessimistic bound of the unclipped and clipped objectives.
+        clipped_ratio = ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef)
+        policy_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
+
+        returns, old_value = p["returns"][idx], p["old_value"][idx]
+        value_error = (new_value - returns).square()
+        if self.clip_vloss:
+            v_clipped = old_value + (new_value - old_value).clamp(-self.clip_coef, self.clip_coef)
+            value_error = torch.max(value_error, (v_clipped - returns).square())
+        value_loss = 0.5 * value_error.mean()
+        entropy_loss = entropy.mean()
+
+        loss = policy_loss - self.ent_coef * entropy_loss + self.vf_coef * value_loss
+        return loss, torch.stack([policy_loss, value_loss, entropy_loss]).detach(), ratio, log_ratio
+
     def _optimize(self, p: dict, should_stop: Callable[[], bool]) -> dict | None:
         """The epochs of minibatch steps, from where ``p`` (the pending update) got to."""
-        policy = self.policy
-        obs, action, old_log_prob, old_value = p["obs"], p["action"], p["old_log_prob"], p["old_value"]
-        advantages, returns = p["advantages"], p["returns"]
         while p["epoch"] < self.epochs:
             if p["perm"] is None:
-                p["perm"] = torch.randperm(obs.shape[0], device=self.device)
+                p["perm"] = torch.randperm(p["obs"].shape[0], device=self.device)
             minibatches = p["perm"].split(self.minibatch_size)
             for k in range(p["next"], len(minibatches)):
                 if should_stop():
                     p["next"] = k
                     return None
-                idx = minibatches[k]
-                log_prob, entropy, new_value = policy.evaluate(obs[idx], action[idx])
-                log_ratio = log_prob - old_log_prob[idx]
-                ratio = log_ratio.exp()
-                adv = advantages[idx]
-                if self.norm_adv and adv.numel() > 1:
-                    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-
-                # Clipped surrogate: the pessimistic bound of the unclipped and clipped objectives.
-                clipped_ratio = ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef)
-                policy_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
-
-                value_error = (new_value - returns[idx]).square()
-                if self.clip_vloss:
-                    v_clipped = old_value[idx] + (new_value - old_value[idx]).clamp(-self.clip_coef, self.clip_coef)
-                    value_error = torch.max(value_error, (v_clipped - returns[idx]).square())
-                value_loss = 0.5 * value_error.mean()
-                entropy_loss = entropy.mean()
-
-                loss = policy_loss - self.ent_coef * entropy_loss + self.vf_coef * value_loss
+                loss, parts, ratio, log_ratio = self._loss(p, minibatches[k])
                 self.optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 grad_norm = nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True)
                 self.guard.check("ppo", loss, grad_norm=grad_norm)  # a NaN/inf step is skipped
                 self.optimizer.step()
-
-                p["losses"].append(torch.stack([policy_loss, value_loss, entropy_loss]).detach())
+                p["losses"].append(parts)
 
             # Diagnostics on the epoch's last minibatch (per minibatch they would cost ~5% of the update).
             with torch.no_grad():
@@ -161,9 +162,10 @@ class PPO:
 
         # Fold this batch into the observation statistics only now, so the epochs above used the
         # same normalization the collector acted with; the next push carries the new statistics.
-        policy.obs_norm.update(obs)
+        self.policy.obs_norm.update(p["obs"])
 
         mean = torch.stack(p["losses"]).mean(0).tolist() + torch.stack(p["diagnostics"]).mean(0).tolist()
+        returns, old_value = p["returns"], p["old_value"]
         explained_var = 1 - (returns - old_value).var() / returns.var().clamp_min(1e-8)
         metrics = {
             "loss/policy": mean[0],

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import gymnasium as gym
 import numpy as np
 
-from rltrain.envs import env_state
+import rltrain.envs.env_state as env_state
 from rltrain.errors import ConfigError, EnvError
 
 NONFINITE = ("error", "replace")  # what a NaN/inf observation or reward does: fail the run, or become 0
