@@ -19,39 +19,46 @@ MODES = ("error", "skip")  # what a NaN/inf loss or gradient does: stop the run,
 
 
 class NonFiniteGuard:
-    """One flag per optimizer (by loss name); cumulative counts of skipped steps per loss."""
+    """One flag per optimizer (by loss name). Skipped steps are counted with no work per step:
+    fused Adam does not advance a skipped step's count, so steps asked for minus steps taken is
+    the number skipped."""
 
     def __init__(self, optimizers: dict[str, torch.optim.Optimizer], mode: str, device: torch.device):
         if mode not in MODES:
             raise ValueError(f"nonfinite must be one of {MODES} (got {mode!r})")
-        self.mode, self._names = mode, list(optimizers)
+        self.mode, self._optimizers = mode, dict(optimizers)
         self._one = torch.ones((), device=device)
         self._flags = {name: torch.zeros((), device=device) for name in optimizers}
         for name, optimizer in optimizers.items():
             if not optimizer.defaults.get("fused"):
                 raise ValueError(f"the {name} optimizer must be fused to skip non-finite steps")
             optimizer.found_inf = self._flags[name]
-        self.skipped = torch.zeros(len(optimizers), device=device)  # since the start of training
-        self._reported = [0] * len(optimizers)
+        self._asked = dict.fromkeys(optimizers, 0)  # steps asked for since the last report
+        self._taken = {name: _steps_taken(optimizer) for name, optimizer in optimizers.items()}  # at that report
 
     def check(self, name: str, loss: torch.Tensor, params: Iterable[torch.Tensor] = (),
               grad_norm: torch.Tensor | None = None) -> None:
         """After ``backward``, before ``step``: flag the step of ``name``'s optimizer for skipping
         if ``loss``, ``grad_norm`` (when given) or a gradient of ``params`` is not finite."""
         flag = self._flags[name]
+        # x - x is 0 for a finite x and NaN for NaN or inf: the flag becomes 1.0 exactly when not finite.
         if grad_norm is not None:  # a NaN/inf gradient makes the norm non-finite too
-            flag.copy_(~(torch.isfinite(loss) & torch.isfinite(grad_norm)))
+            torch.add(loss.detach(), grad_norm, out=flag)
+            flag.sub_(flag).ne_(0)
         else:
-            flag.copy_(~torch.isfinite(loss))
+            flag.copy_(loss.detach()).sub_(flag).ne_(0)
             grads = [p.grad for p in params if p.grad is not None]
             torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, self._one)  # sets flag, scales by 1
-        self.skipped[self._names.index(name)] += flag
+        self._asked[name] += 1
 
     def report(self) -> int:
         """Steps skipped since the last report; raises NonFiniteError for them unless ``mode`` is skip."""
-        totals = [int(v) for v in self.skipped.tolist()]
-        new = {name: now - before for name, now, before in zip(self._names, totals, self._reported) if now > before}
-        self._reported = totals
+        new = {}
+        for name, optimizer in self._optimizers.items():
+            taken = _steps_taken(optimizer)
+            if skipped := self._asked[name] - (taken - self._taken[name]):
+                new[name] = skipped
+            self._asked[name], self._taken[name] = 0, taken
         if new and self.mode == "error":
             which = ", ".join(f"the {name} loss in {n} step{'s' * (n > 1)}" for name, n in new.items())
             raise NonFiniteError(f"a loss or its gradient was NaN or infinite ({which}); those steps were skipped, "
@@ -62,8 +69,13 @@ class NonFiniteGuard:
         return sum(new.values())
 
     def state_dict(self) -> dict:
-        return {"skipped": self.skipped.clone(), "reported": list(self._reported)}
+        return {"asked": dict(self._asked), "taken": dict(self._taken)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.skipped.copy_(state["skipped"])
-        self._reported = list(state["reported"])
+        self._asked, self._taken = dict(state["asked"]), dict(state["taken"])
+
+
+def _steps_taken(optimizer: torch.optim.Optimizer) -> int:
+    """The optimizer's step count (of its first parameter; 0 before its first step)."""
+    step = optimizer.state.get(optimizer.param_groups[0]["params"][0], {}).get("step")
+    return 0 if step is None else int(step)
