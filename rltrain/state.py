@@ -78,6 +78,7 @@ class TrainState:
     lag_sum: float = 0.0
     lag_max: int = 0
     dropped_batches: int = 0  # batches over the collector's max_lag, not trained on
+    dropped_frames: int = 0  # their frames (not counted in ``frames``)
     nonfinite_frames: int = 0  # env.nonfinite=replace: frames whose NaN/inf observation or reward became 0
     skipped_steps: int = 0  # algo.nonfinite=skip: gradient steps skipped for a NaN/inf loss or gradient
     # > 0: a stop request interrupted the update on a batch of this many frames, between two gradient
@@ -89,7 +90,8 @@ class TrainState:
     stop_signal: int | None = None  # SIGINT or SIGTERM asked the run to stop after the current step
 
     _COUNTERS = ("frames", "batches", "updates", "version", "pushes", "episodes", "eval_return",
-                 "solved_at_frames", "lag_sum", "lag_max", "dropped_batches", "nonfinite_frames", "skipped_steps",
+                 "solved_at_frames", "lag_sum", "lag_max", "dropped_batches", "dropped_frames", "nonfinite_frames",
+                 "skipped_steps",
                  "mid_update_frames")
 
     def __post_init__(self):
@@ -117,6 +119,12 @@ class TrainState:
         if self.mid_update_frames:  # the interrupted update's batch is counted, its hooks are still owed
             count -= {"frames": self.mid_update_frames, "batches": 1}.get(unit, 0)
         return count
+
+    @property
+    def dropped_share(self) -> float:
+        """The share of collected frames dropped for being over max_lag."""
+        collected = self.frames + self.dropped_frames
+        return self.dropped_frames / collected if collected else 0.0
 
     @property
     def train_return(self) -> float | None:

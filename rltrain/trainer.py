@@ -131,6 +131,7 @@ class Trainer:
             lag = state.version - batch["policy_version"]
             if self.max_lag is not None and int(lag.max()) > self.max_lag:
                 state.dropped_batches += 1
+                state.dropped_frames += batch.numel()
                 state.window.add({"sync/dropped_batches": 1})
                 continue
             self._account(batch, lag)
@@ -244,6 +245,8 @@ def summarize(s: TrainState, status: str, stop_at_return: float | None) -> dict[
             "mean_lag": s.lag_sum / s.batches if s.batches else 0.0,
             "max_lag": s.lag_max,
             "dropped_batches": s.dropped_batches,
+            "dropped_frames": s.dropped_frames,
+            "dropped_share": round(s.dropped_share, 4),
         },
         "nonfinite": {"env_frames": s.nonfinite_frames, "skipped_steps": s.skipped_steps},
     }

@@ -82,3 +82,16 @@ class SignalDuringUpdate(Hook):
 
         if state.batches == self.at_batch:
             threading.Timer(self.delay_s, os.kill, (os.getpid(), getattr(signal, self.signal))).start()
+
+
+class SlowLearner(Hook):
+    """Sleeps ``delay_s`` after every update: a learner slowed by a busy machine or a big network."""
+
+    def __init__(self, delay_s: float = 0.05, every=EVERY_UPDATE):
+        super().__init__(every)
+        self.delay_s = delay_s
+
+    def on_update(self, state):
+        import time
+
+        time.sleep(self.delay_s)

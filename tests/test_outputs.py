@@ -31,7 +31,8 @@ def test_summary_and_metrics_hold_the_contract_keys(tmp_path):
     assert SUMMARY_KEYS <= on_disk.keys()
     assert on_disk["status"] == "completed" and on_disk["frames"] == 4096 and on_disk["updates"] == 16
     assert on_disk["solved"] is False and on_disk["frames_to_solve"] is None
-    assert set(on_disk["sync"]) == {"pushes", "version", "mean_lag", "max_lag", "dropped_batches"}
+    assert set(on_disk["sync"]) == {"pushes", "version", "mean_lag", "max_lag", "dropped_batches", "dropped_frames",
+                                    "dropped_share"}
     assert on_disk["sync"]["pushes"] == 16
     assert {"collect", "update", "sync", "eval", "log", "other"} <= on_disk["time"].keys()
     assert sum(on_disk["time"].values()) == pytest.approx(on_disk["wall_time_s"], rel=0.05)

@@ -3,19 +3,22 @@
 Each worker collects non-stop into two shared-memory buffers of its own; the learner takes
 whichever worker's batch is ready (``frames_per_batch`` frames from one worker) and workers pick
 up new weights between env steps, so a batch may mix versions: every frame is stamped with the
-one it acted with, and the trainer drops batches older than ``max_lag`` versions. Workers never
-pause, so their envs are not saved in checkpoints (a resumed run starts fresh episodes).
+one it acted with, and the trainer drops batches older than ``max_lag`` versions. A worker whose
+next batch would already be that old when the learner reached it waits instead (backpressure,
+``worker.Backlog``), so dropped batches stay the exception even with a slow learner. Workers
+never pause for checkpoints, so their envs are not saved (a resumed run starts fresh episodes).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 
 from tensordict import TensorDict
 
 from rltrain.collectors.batch import as_batch
 from rltrain.collectors.pool import WorkerPool
-from rltrain.collectors.worker import serve_async
+from rltrain.collectors.worker import Backlog, serve_async
 from rltrain.envs.batched import EnvSpec
 from rltrain.errors import ConfigError
 from rltrain.protocols import Collector
@@ -34,7 +37,10 @@ class AsyncCollector(Collector):
             raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of "
                               f"collector.envs_per_worker ({envs_per_worker})")
         self.frames_per_batch, self.max_lag = frames_per_batch, max_lag
-        self.pool = WorkerPool(serve_async, make_env, make_policy, make_receiver, env_spec,
+        # Backpressure: a worker holds off rather than collect a batch the learner would drop as too old.
+        self._backlog = Backlog(workers, max_lag) if max_lag is not None else None
+        self.pool = WorkerPool(functools.partial(serve_async, backlog=self._backlog), make_env, make_policy,
+                               make_receiver, env_spec,
                                steps=frames_per_batch // envs_per_worker, workers=workers,
                                envs_per_worker=envs_per_worker, buffers_per_worker=2, start_method=start_method,
                                timeout_s=timeout_s, seed=seed)
@@ -42,9 +48,12 @@ class AsyncCollector(Collector):
     def __iter__(self) -> Iterator[TensorDict]:
         pool, everyone = self.pool, set(range(self.pool.size))
         while True:
-            for i, msg in pool.wait(everyone, "batch"):
+            ready = pool.wait(everyone, "batch")  # the oldest first: it is the closest to max_lag
+            for i, msg in sorted(ready, key=lambda m: int(pool.buffers[m[0]][m[1][1]]["policy_version"][0, 0])):
                 slot = msg[1]
                 frames = {k: v.clone() for k, v in pool.buffers[i][slot].items()}
+                if self._backlog is not None:
+                    self._backlog.taken[i] += 1
                 pool.send(i, ("free", slot))
                 yield as_batch(frames)
 

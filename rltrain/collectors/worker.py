@@ -27,6 +27,7 @@ import torch
 from rltrain.collectors.rollout import Rollout
 
 _WAKE_S = 0.05  # while waiting: look for new weights (releasing an old slot) and for a dead learner
+_BACKLOG_WAKE_S = 0.002  # while held back by the backlog: look this often whether the learner took a batch
 
 
 class _Closed(Exception):
@@ -55,7 +56,7 @@ def worker_main(
         policy = make_policy()
         receiver.connect(policy)
         arrays = [{k: t.numpy() for k, t in slot.items()} for slot in buffers]
-        serve(conn, env, policy, receiver, arrays)
+        serve(index, conn, env, policy, receiver, arrays)
     except _Closed:
         pass
     except BaseException as e:  # noqa: BLE001  (everything goes back to the learner)
@@ -70,7 +71,7 @@ def worker_main(
             env.close()
 
 
-def serve_lockstep(conn, env, policy, receiver, arrays: list[dict[str, np.ndarray]]) -> None:
+def serve_lockstep(index: int, conn, env, policy, receiver, arrays: list[dict[str, np.ndarray]]) -> None:
     """One batch per ``collect`` command, new weights applied before each; states on request."""
     rollout = Rollout(env, policy, receiver)
     conn.send(("ready",))
@@ -85,8 +86,10 @@ def serve_lockstep(conn, env, policy, receiver, arrays: list[dict[str, np.ndarra
             conn.send(("loaded", _load(rollout, msg[1])))
 
 
-def serve_async(conn, env, policy, receiver, arrays: list[dict[str, np.ndarray]]) -> None:
-    """Collect non-stop into whichever buffer the learner has freed, new weights between steps."""
+def serve_async(index: int, conn, env, policy, receiver, arrays: list[dict[str, np.ndarray]],
+                backlog: Backlog | None = None) -> None:
+    """Collect non-stop into whichever buffer the learner has freed, new weights between steps;
+    with a ``backlog``, hold off while a batch collected now would be too old when its turn came."""
     rollout = Rollout(env, policy, receiver, poll_each_step=True)
     conn.send(("ready",))
     free = list(range(len(arrays)))
@@ -95,9 +98,40 @@ def serve_async(conn, env, policy, receiver, arrays: list[dict[str, np.ndarray]]
             free.append(_freed(conn.recv()))
         if not free:
             free.append(_freed(_recv(conn, receiver)))
+        if backlog is not None:
+            while backlog.too_long(index):  # wait for the learner to take a batch (and push newer weights)
+                if (msg := _recv(conn, receiver, until=lambda: not backlog.too_long(index))) is not None:
+                    free.append(_freed(msg))
         slot = free.pop(0)
+        if backlog is not None:
+            backlog.started[index] += 1  # counted from its start: the other workers see it coming
         rollout.collect(arrays[slot])
         conn.send(("batch", slot))
+
+
+class Backlog:
+    """Batches started (being collected, or waiting) but not yet taken by the learner, counted in
+    shared memory with one writer per cell: ``started[i]`` by worker i, ``taken[i]`` by the learner.
+    The learner pushes new weights after each batch it takes, so a batch started behind ``n``
+    others is about ``n + 1`` versions old when its turn comes: over ``max_lag`` it would be
+    dropped, so the worker waits instead."""
+
+    def __init__(self, workers: int, max_lag: int):
+        self.max_lag = max_lag
+        self.started = torch.zeros(workers, dtype=torch.int64).share_memory_()
+        self.taken = torch.zeros(workers, dtype=torch.int64).share_memory_()
+
+    def waiting(self) -> int:
+        return int(self.started.sum() - self.taken.sum())
+
+    def too_long(self, worker: int) -> bool:
+        """Whether worker ``worker``'s next batch, started now, would miss ``max_lag``. Never when
+        none is waiting (the learner may be idle: an empty backlog is always refilled); otherwise a
+        worker keeps at most one batch in the backlog, so a slow worker's batch is overtaken by
+        at most one other per worker."""
+        waiting = self.waiting()
+        mine = int(self.started[worker] - self.taken[worker])
+        return waiting > 0 and (waiting >= self.max_lag or mine > 0)
 
 
 def _save(rollout: Rollout) -> dict | None:
@@ -116,14 +150,17 @@ def _load(rollout: Rollout, state: dict) -> str | None:
     return None
 
 
-def _recv(conn, receiver) -> tuple:
-    """Wait for the learner's next message, applying new weights meanwhile; exit if the learner died."""
+def _recv(conn, receiver, until: Callable[[], bool] | None = None) -> tuple | None:
+    """Wait for the learner's next message (or, with ``until``, for that to turn true: then None),
+    applying new weights meanwhile; exit if the learner died."""
     parent = mp.parent_process()
     handles = [conn] + ([receiver.waitable] if receiver.waitable is not None else [])
-    while conn not in wait(handles, timeout=_WAKE_S):
+    while conn not in wait(handles, timeout=_WAKE_S if until is None else _BACKLOG_WAKE_S):
         if parent is not None and not parent.is_alive():
             raise _Closed
         receiver.poll()
+        if until is not None and until():
+            return None
     msg = conn.recv()
     if msg[0] == "close":
         raise _Closed

@@ -17,7 +17,8 @@ log = logging.getLogger("rltrain")
 
 
 class ProgressHook(Hook):
-    """Frames / total, fps, the latest training and eval returns, and the time left.
+    """Frames / total, fps, the latest training and eval returns, the share of frames dropped as too
+    old (collector=async, when any), and the time left.
 
     ``bar``: ``auto`` draws a tqdm bar when stderr is a terminal (log lines scroll above it);
     ``false`` always prints plain lines, one per ``every`` (``true`` forces the bar).
@@ -62,7 +63,8 @@ class ProgressHook(Hook):
     def _returns(state: TrainState) -> str:
         train = "-" if state.train_return is None else f"{state.train_return:.1f}"
         evaluation = "-" if state.eval_return is None else f"{state.eval_return:.1f}"
-        return f"return {train} | eval {evaluation}"
+        dropped = f" | dropped {state.dropped_share:.1%}" if state.dropped_frames else ""
+        return f"return {train} | eval {evaluation}{dropped}"
 
     def close(self, state: TrainState, summary) -> None:
         self._stack.close()
