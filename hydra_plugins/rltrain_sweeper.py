@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.hydra_config import HydraConfig
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import open_dict
 
@@ -26,15 +27,23 @@ class CheckedSweeper(BasicSweeper):
         parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
         overrides = parser.parse_overrides([*self._parse_config(), *arguments])
         jobs = [job for batch in self.split_arguments(overrides, None) for job in batch]
-        for num, job in enumerate(jobs):
-            cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
-            with open_dict(cfg):
-                del cfg["hydra"]
-            try:
-                check_resume_in_sweep(cfg)
-                validate(cfg)
-            except ConfigError as e:
-                print(f"rltrain: config error in sweep job {num} ({' '.join(job)}): {e}. No job was started",
-                      file=sys.stderr)
-                sys.exit(2)
+        master = HydraConfig.instance().cfg
+        try:
+            for num, job in enumerate(jobs):
+                cfg = self.hydra_context.config_loader.load_sweep_config(self.config, list(job))
+                with open_dict(cfg):  # as the launcher sets them, for ${hydra:job.num} and the like
+                    cfg.hydra.job.num, cfg.hydra.job.id = num, f"job_id_for_{num}"
+                HydraConfig.instance().set_config(cfg)
+                task = cfg.copy()
+                with open_dict(task):
+                    del task["hydra"]
+                try:
+                    check_resume_in_sweep(task)
+                    validate(task)
+                except ConfigError as e:
+                    print(f"rltrain: config error in sweep job {num} ({' '.join(job)}): {e}. No job was started",
+                          file=sys.stderr)
+                    sys.exit(2)
+        finally:
+            HydraConfig.instance().cfg = master
         return super().sweep(arguments)

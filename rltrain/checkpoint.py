@@ -55,8 +55,9 @@ def capture(state: TrainState, algo: Algo, collector: Collector, sender: WeightS
             config: dict, replay_buffer: bool = True) -> dict[str, Any]:
     """Everything a run needs to go on as if it had never stopped (the keys listed above)."""
     algo_state, published = algo.state_dict(replay_buffer=replay_buffer), sender.published()
-    # Weights only: the replay buffer holds what the envs returned, which rltrain checks as it arrives.
-    check_finite({k: v for k, v in algo_state.items() if k != "replay_buffer"}, "algo")
+    # Weights and optimizer state: the replay buffer holds what the envs returned (checked as it
+    # arrives), and an interrupted update may hold the NaN losses of steps algo.nonfinite=skip skipped.
+    check_finite({k: v for k, v in algo_state.items() if k not in ("replay_buffer", "pending")}, "algo")
     check_finite(published, "published")
     return {
         "format": FORMAT,

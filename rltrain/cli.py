@@ -162,13 +162,14 @@ def _record_invocation(cfg: DictConfig, run_dir: Path, hydra_dir: Path) -> None:
     """Hydra's files of this invocation go to the run dir (``resumes/<time>/`` in a resumed run,
     whose log then continues in its own dir)."""
     resumed = run_dir.resolve() != hydra_dir.resolve()
-    _save_hydra_files(cfg, run_dir / "resumes" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
-                      if resumed else run_dir)
-    if resumed:
-        try:
+    try:  # bookkeeping only: if it fails, the run itself goes on
+        _save_hydra_files(cfg, run_dir / "resumes" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
+                          if resumed else run_dir)
+        if resumed:
             _follow_into(run_dir, hydra_dir)
-        except OSError as e:  # bookkeeping only: the run itself can go on
-            logging.getLogger("rltrain").warning("could not move this invocation's log into %s: %s", run_dir, e)
+    except OSError as e:
+        logging.getLogger("rltrain").warning("could not record this invocation's Hydra files or log in %s: %s",
+                                             run_dir, e)
 
 
 def _save_hydra_files(cfg: DictConfig, where: Path) -> None:

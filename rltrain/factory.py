@@ -53,15 +53,17 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
     lock = RunDirLock.acquire(run_dir)
     try:
         if in_place is None and (taken := earlier_run_in(run_dir)):
-            raise RunDirError(f"{run_dir} already holds a run ({', '.join(taken)}); continue it with "
-                              f"resume={run_dir}, or give this run another hydra.run.dir")
+            how = (f"continue it with resume={run_dir}" if checkpoint.listing(run_dir) else
+                   "it has no checkpoint to resume from: remove the dir")
+            raise RunDirError(f"{run_dir} already holds a run ({', '.join(taken)}); {how}, or give this run "
+                              "another hydra.run.dir")
         trainer = _build_parts(cfg, resolved, run_dir, lock, restore)
     except BaseException as e:
-        lock.release()
         if in_place is None and not isinstance(e, (ConfigError, CheckpointError, RunDirError)):
             # Started, then failed (an env raising on reset, a signal while workers start): say so.
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed: {type(e).__name__}: {e}"
             write_summary(run_dir, summarize(TrainState(run_dir, cfg.trainer.total_frames), status, None))
+        lock.release()
         raise
     if in_place is not None:
         checkpoint.set_aside_newer(run_dir, ckpt_path)  # a resume from an older checkpoint: a new branch

@@ -21,8 +21,9 @@ from pathlib import Path
 from rltrain.errors import RunDirError
 
 LOCK_FILE = "run.lock"
-# What a run leaves in its dir; a fresh run never starts in a dir that holds one of them.
-RUN_FILES = ("summary.json", "metrics.jsonl", "checkpoints")
+# What a run that trained leaves in its dir; a fresh run never starts in a dir that holds one of
+# them (a summary.json alone is a run that failed to start: a fresh run may take its place).
+RUN_FILES = ("metrics.jsonl", "checkpoints")
 
 
 def claim_unique(path: str | Path) -> Path:

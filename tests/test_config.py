@@ -93,6 +93,12 @@ def test_a_sweep_checks_every_jobs_config_before_the_first_job_starts(tmp_path):
     assert not (tmp_path / "outputs").exists(), "job 0 must not have run"
 
 
+def test_a_checked_sweep_resolves_hydra_interpolations_as_its_jobs_will(tmp_path):
+    result = run_cli("-m", "seed=${hydra:job.num}", "algo.lr=1e-3,3e-3", "trainer.total_frames=512", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert len(list((tmp_path / "outputs" / "multirun").glob("*/*/*/summary.json"))) == 2
+
+
 @pytest.mark.parametrize(("plugin", "package"), [("hydra/launcher=joblib", "hydra-joblib-launcher"),
                                                   ("hydra/sweeper=optuna", "hydra-optuna-sweeper")])
 def test_a_missing_hydra_plugin_names_the_pip_install(plugin, package, tmp_path):

@@ -94,6 +94,9 @@ def test_an_env_that_fails_to_reset_at_start_up_leaves_a_summary_that_says_why(c
     assert summary["frames"] == 0
     assert not (run_dir / "run.lock").exists()
     assert not (run_dir / "checkpoints").exists()  # nothing for resume=auto to pick up
+    fixed = run_cli(*FAULTY, "+env.kwargs.fault=none", "trainer.total_frames=512", f"collector={collector}",
+                    cwd=tmp_path)  # the same command, once the env is fixed, may take the dir over
+    assert fixed.returncode == 0, fixed.stderr
 
 
 def test_sigterm_while_workers_start_stops_at_once_and_cleans_up(tmp_path):

@@ -91,6 +91,17 @@ def test_skip_skips_and_counts_the_steps_whose_loss_is_not_finite(algo, tmp_path
     assert saved["trainer"]["skipped_steps"] == skipped
 
 
+def test_a_stop_during_an_update_with_skipped_steps_still_checkpoints(tmp_path):
+    # The interrupted update holds the skipped steps' infinite losses; the weights are finite.
+    cfg = make_config(*NONFINITE_ENV, "+env.kwargs.every=0", "+env.kwargs.reward=1e30", "algo.nonfinite=skip",
+                      "algo.epochs=250", "trainer.total_frames=4096",
+                      "+hooks.kill._target_=tests.hooks_for_tests.SignalDuringUpdate", "+hooks.kill.at_batch=1")
+    summary = build(cfg, run_dir=tmp_path).fit()
+    assert summary["status"] == "interrupted"
+    saved = checkpoint.load(checkpoint.listing(tmp_path)[-1])
+    assert saved["trainer"]["mid_update_frames"] == 512 and saved["algo"]["pending"] is not None
+
+
 def test_a_checkpoint_is_never_written_with_nonfinite_weights(tmp_path):
     cfg = make_config("trainer.total_frames=1024", "trainer.stop_at_return=null")
     trainer = build(cfg, run_dir=tmp_path)

@@ -162,7 +162,7 @@ def test_a_dead_runs_lock_is_taken_over(tmp_path):
 def test_a_fresh_run_refuses_a_dir_another_run_finished_in(tmp_path):
     build(make_config("trainer.total_frames=1024"), run_dir=tmp_path).fit()
     before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
-    with pytest.raises(RunDirError, match=r"already holds a run \(summary.json, metrics.jsonl, checkpoints\); "
+    with pytest.raises(RunDirError, match=r"already holds a run \(metrics.jsonl, checkpoints\); "
                                           r"continue it with resume="):
         build(make_config("trainer.total_frames=1024", "seed=1"), run_dir=tmp_path)
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before

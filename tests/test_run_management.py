@@ -134,6 +134,26 @@ def test_a_stop_request_ends_a_long_update_between_gradient_steps_and_resumes_ex
     assert learning_rows(tmp_path / "split") == learning_rows(tmp_path / "full")
 
 
+def test_a_sac_run_stopped_mid_update_without_its_buffer_resumes_and_completes(tmp_path):
+    run = (*LONG_UPDATES["sac"], "hooks.checkpoint.replay_buffer=false")
+    stopped = build(make_config(*run, "+hooks.kill._target_=tests.hooks_for_tests.SignalDuringUpdate",
+                                "+hooks.kill.at_batch=2"), run_dir=tmp_path).fit()
+    assert stopped["status"] == "interrupted"
+    assert checkpoint.load(checkpoint.listing(tmp_path)[-1])["algo"]["pending"] is None  # no buffer: no steps owed
+    final = build(make_config(*run, f"resume={tmp_path}")).fit()
+    assert final["status"] == "completed" and final["frames"] == 600
+
+
+def test_a_checkpoint_of_an_older_rltrain_without_the_nonfinite_counts_resumes(tmp_path):
+    build(make_config("trainer.total_frames=2048", "trainer.stop_at_return=null"), run_dir=tmp_path).fit()
+    path = checkpoint.listing(tmp_path)[-1]
+    saved = torch.load(path, weights_only=True)
+    del saved["algo"]["nonfinite"], saved["algo"]["pending"], saved["trainer"]["mid_update_frames"]
+    checkpoint.save(path, saved)
+    summary = build(make_config("trainer.total_frames=4096", "trainer.stop_at_return=null", f"resume={tmp_path}")).fit()
+    assert summary["status"] == "completed" and summary["nonfinite"]["skipped_steps"] == 0
+
+
 def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
     run = ("trainer.total_frames=6144", "trainer.stop_at_return=null",
            "~hooks.checkpoint.every", "+hooks.checkpoint.every={frames:2048}", "hooks.checkpoint.keep_last=5")

@@ -120,3 +120,16 @@ def test_a_collector_acting_on_an_old_version_is_never_overwritten():
         fast_receiver.poll()
         assert {p.unique().item() for p in fast.parameters()} == {float(version)}
         assert {p.unique().item() for p in slow.parameters()} == {1.0}
+
+
+def test_the_sync_lock_works_where_the_file_system_has_no_unnamed_files(monkeypatch, tmp_path):
+    import os
+
+    from rltrain.sync import shared_mem
+
+    monkeypatch.setattr(shared_mem.tempfile, "gettempdir", lambda: str(tmp_path))
+    monkeypatch.delattr(shared_mem.os, "O_TMPFILE")  # as on overlayfs before Linux 6.6, or NFS
+    lock = shared_mem._FileLock()
+    assert lock.acquire(timeout=1.0)
+    lock.release()
+    assert os.listdir(tmp_path) == []  # a temporary file, unlinked at once: nothing to leave behind

@@ -71,8 +71,13 @@ class NonFiniteGuard:
     def state_dict(self) -> dict:
         return {"asked": dict(self._asked), "taken": dict(self._taken)}
 
-    def load_state_dict(self, state: dict) -> None:
-        self._asked, self._taken = dict(state["asked"]), dict(state["taken"])
+    def load_state_dict(self, state: dict | None) -> None:
+        """Restore ``state_dict()``'s result, after the optimizers' own; None: count from their state now."""
+        if state is None:
+            self._asked = dict.fromkeys(self._optimizers, 0)
+            self._taken = {name: _steps_taken(optimizer) for name, optimizer in self._optimizers.items()}
+        else:
+            self._asked, self._taken = dict(state["asked"]), dict(state["taken"])
 
 
 def _steps_taken(optimizer: torch.optim.Optimizer) -> int:

@@ -17,6 +17,7 @@ from torch import nn
 from rltrain.algos.advantages import gae
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
+from rltrain.algos.pending import to_device
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -74,9 +75,8 @@ class PPO:
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.frames = state["frames"]
-        if "nonfinite" in state:
-            self.guard.load_state_dict(state["nonfinite"])
-        self._pending = state.get("pending")
+        self.guard.load_state_dict(state.get("nonfinite"))  # None from an older rltrain: counting starts now
+        self._pending = to_device(state.get("pending"), self.device)
 
     def update(self, batch: TensorDict | None, should_stop: Callable[[], bool] = lambda: False) -> dict | None:
         """One PPO update on a ``[T, N]`` batch from a collector; returns loss and diagnostic metrics.

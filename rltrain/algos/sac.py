@@ -18,6 +18,7 @@ import torch
 
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import SquashedGaussianActor, TwinQ
+from rltrain.algos.pending import to_device
 from rltrain.data import ReplayBuffer
 
 if TYPE_CHECKING:
@@ -85,7 +86,8 @@ class SAC:
             "frames": self.frames,
             "owed_steps": self._owed_steps,
             "nonfinite": self.guard.state_dict(),
-            "pending": self._pending,
+            # The steps still owed sample the replay buffer: without it, a resumed run cannot run them.
+            "pending": self._pending if replay_buffer else None,
         }
         if self.alpha_optimizer is not None:
             state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
@@ -105,9 +107,9 @@ class SAC:
         if self.alpha_optimizer is not None and "alpha_optimizer" in state:
             self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
         self.frames, self._owed_steps = state["frames"], state["owed_steps"]
-        if "nonfinite" in state:
-            self.guard.load_state_dict(state["nonfinite"])
-        self._pending = state.get("pending")
+        self.guard.load_state_dict(state.get("nonfinite"))  # None from an older rltrain: counting starts now
+        # Without its replay buffer a checkpoint holds no interrupted update (see state_dict).
+        self._pending = to_device(state.get("pending"), self.device)
         if "replay_buffer" in state:
             self.buffer.load_state_dict(state["replay_buffer"])
 
@@ -119,7 +121,7 @@ class SAC:
         """
         if batch is not None:
             self._pending = {"steps": self._store(batch), "metrics": []}
-        p = self._pending
+        p = self._pending or {"steps": 0, "metrics": []}  # resumed mid-update, but without the buffer
         while len(p["metrics"]) < p["steps"]:
             if should_stop():
                 return None

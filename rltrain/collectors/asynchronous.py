@@ -56,6 +56,8 @@ class AsyncCollector(Collector):
                     self._backlog.taken[i] += 1
                 pool.send(i, ("free", slot))
                 yield as_batch(frames)
+                if self._backlog is not None:  # asked for the next batch: updated on it, pushed after
+                    self._backlog.finished += 1
 
     def close(self) -> None:
         self.pool.close()

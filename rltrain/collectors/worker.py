@@ -110,28 +110,26 @@ def serve_async(index: int, conn, env, policy, receiver, arrays: list[dict[str, 
 
 
 class Backlog:
-    """Batches started (being collected, or waiting) but not yet taken by the learner, counted in
-    shared memory with one writer per cell: ``started[i]`` by worker i, ``taken[i]`` by the learner.
-    The learner pushes new weights after each batch it takes, so a batch started behind ``n``
-    others is about ``n + 1`` versions old when its turn comes: over ``max_lag`` it would be
-    dropped, so the worker waits instead."""
+    """Counts in shared memory, each cell with one writer: batches ``started[i]`` by worker i (from
+    the moment it starts collecting one), ``taken[i]`` from it by the learner, and ``finished``,
+    those the learner has updated on and pushed weights after. A batch started now has every
+    unfinished batch ahead of it, each followed by a push before its turn: it would be that many
+    versions old, so over ``max_lag`` the worker waits instead of collecting what would be dropped."""
 
     def __init__(self, workers: int, max_lag: int):
         self.max_lag = max_lag
         self.started = torch.zeros(workers, dtype=torch.int64).share_memory_()
         self.taken = torch.zeros(workers, dtype=torch.int64).share_memory_()
-
-    def waiting(self) -> int:
-        return int(self.started.sum() - self.taken.sum())
+        self.finished = torch.zeros(1, dtype=torch.int64).share_memory_()
 
     def too_long(self, worker: int) -> bool:
-        """Whether worker ``worker``'s next batch, started now, would miss ``max_lag``. Never when
-        none is waiting (the learner may be idle: an empty backlog is always refilled); otherwise a
-        worker keeps at most one batch in the backlog, so a slow worker's batch is overtaken by
-        at most one other per worker."""
-        waiting = self.waiting()
+        """Whether worker ``worker`` should wait rather than start a batch now. Never when nothing
+        is ahead (an idle learner always gets a batch); otherwise when the batch would be over
+        ``max_lag``, or the worker already has one waiting (so that a slow worker's batch is
+        overtaken by at most one batch per other worker)."""
+        ahead = int(self.started.sum() - self.finished)
         mine = int(self.started[worker] - self.taken[worker])
-        return waiting > 0 and (waiting >= self.max_lag or mine > 0)
+        return ahead > 0 and (ahead > self.max_lag or mine > 0)
 
 
 def _save(rollout: Rollout) -> dict | None:

@@ -15,7 +15,7 @@ class ConsoleLogger(Logger):
     """Prints frames, returns, fps and the main losses; ``keys`` adds more columns by metric name."""
 
     def __init__(self, keys: Sequence[str] = ()):
-        self.keys = list(keys)
+        self.keys = list(keys or ())
 
     def log(self, row: dict[str, float], step: int) -> None:
         parts = [f"frames {int(row['frames']):>9,}"]

@@ -58,7 +58,7 @@ class WandbLogger(Logger):
             entity=entity,
             name=name,
             group=group,
-            tags=list(tags),
+            tags=list(tags or ()),
             config=config,
             dir=str(run_dir),
             mode=resolve_mode(mode),

@@ -42,12 +42,12 @@ class _FileLock:
     (reopened via /proc/self/fd), since flock does not exclude holders of one description."""
 
     def __init__(self, fd: int | None = None, owner: int | None = None):
-        self._fd = os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR, 0o600) if fd is None else fd
+        self._fd = _unnamed_file() if fd is None else fd
         self._owner = os.getpid() if owner is None else owner  # the process whose description _fd is
 
     @staticmethod
     def supported() -> bool:
-        return hasattr(os, "O_TMPFILE") and os.path.isdir("/proc/self/fd")
+        return os.path.isdir("/proc/self/fd")  # Linux: an open file, even unlinked, can be reopened there
 
     def __reduce__(self):  # while spawning a process: the fd travels as a Connection's does
         return _received_lock, (reduction.DupFd(self._fd),)
@@ -75,6 +75,17 @@ class _FileLock:
             os.close(self._fd)
         except OSError:
             pass
+
+
+def _unnamed_file() -> int:
+    """An open file with no name, gone with its last descriptor: O_TMPFILE where the file system
+    has it, else a temporary file unlinked at once (overlayfs before Linux 6.6, NFS)."""
+    try:
+        return os.open(tempfile.gettempdir(), os.O_TMPFILE | os.O_RDWR, 0o600)
+    except (AttributeError, OSError):
+        fd, path = tempfile.mkstemp(prefix="rltrain-lock-")
+        os.unlink(path)
+        return fd
 
 
 def _received_lock(dup) -> _FileLock:
