@@ -26,11 +26,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rltrain import checkpoint
+from rltrain import checkpoint, distributed
 from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError
-from rltrain.factory import build
+from rltrain.factory import RefusedByLearner, build, serve_rank
 from rltrain.help import config_help
-from rltrain.run_dir import unique_dir
+from rltrain.run_dir import log_file, unique_dir
 from rltrain.validate import check_resume_in_sweep
 
 EXIT_FAILED, EXIT_REFUSED = 1, 2
@@ -41,6 +41,7 @@ HYDRA_FILES = ".hydra"  # Hydra's own record of a run (config, overrides), writt
 # --help shows every key with its comment (hydra.help.template in config.yaml).
 OmegaConf.register_new_resolver("rltrain.unique_dir", unique_dir, use_cache=True, replace=True)
 OmegaConf.register_new_resolver("rltrain.config_help", config_help, replace=True)
+OmegaConf.register_new_resolver("rltrain.log_file", log_file, use_cache=True, replace=True)
 
 _RENAMED = {"collector=sync": "collector=lockstep (lock-step worker processes; sync= chooses how weights travel)"}
 # Hydra plugins a user may ask for by name, and the package that provides each.
@@ -54,6 +55,9 @@ _PLUGINS = {
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def run(cfg: DictConfig) -> float | None:
     """Train one run; returns the final evaluation return (what an optimizing sweeper maximizes)."""
+    world = distributed.current()
+    if world is not None and world.rank != 0:
+        return _collect_on_rank(cfg, world)
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
     with _sigterm_like_ctrl_c() as seen:
         try:
@@ -89,6 +93,23 @@ def run(cfg: DictConfig) -> float | None:
                  f"summary.json in {run_dir}; no checkpoint (hooks.checkpoint is off), so it cannot be resumed")
         return _exit(128 + signum, f"stopped by {signum.name}; {where}")
     return summary["eval_return"]
+
+
+def _collect_on_rank(cfg: DictConfig, world: distributed.World) -> None:
+    """A collector rank: collect for rank 0 until it stops; failures go to rank 0 (which shows
+    them), to this rank's log (ranks/<rank>.log) and to the exit code."""
+    with _sigterm_like_ctrl_c() as seen:
+        try:
+            serve_rank(cfg)
+        except _REFUSED as e:
+            return _refuse(e)
+        except RefusedByLearner as e:
+            return _exit(EXIT_REFUSED, str(e))
+        except KeyboardInterrupt:
+            return _stopped(seen.signum, f"collector rank {world.rank} stopped by {seen.signum.name}")
+        except Exception as e:  # noqa: BLE001
+            return _failed(e, f"on collector rank {world.rank}")
+    return None
 
 
 def _refuse(e: Exception) -> None:
@@ -212,7 +233,7 @@ def _write_to_log_files(text: str) -> list[str]:
     record = logging.LogRecord("rltrain", logging.ERROR, __file__, 0, text, None, None)
     paths = []
     for handler in logging.getLogger().handlers:
-        if isinstance(handler, logging.FileHandler):
+        if isinstance(handler, logging.FileHandler) and handler.baseFilename != os.devnull:
             handler.handle(record)
             paths.append(handler.baseFilename)
     return paths
@@ -246,4 +267,13 @@ def check_command_line(args: list[str]) -> None:
 
 def main() -> None:
     check_command_line(sys.argv[1:])
+    try:
+        world = distributed.current()  # under torchrun: reach the job's store before Hydra makes the run dir
+    except (ConfigError, ConnectionError) as e:
+        print(f"rltrain: {e}", file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
+    if world is not None and any(a in ("-m", "--multirun") for a in sys.argv[1:]):
+        print("rltrain: a sweep (-m) cannot run inside a torchrun job; start one torchrun job per configuration",
+              file=sys.stderr)
+        sys.exit(EXIT_REFUSED)
     run()

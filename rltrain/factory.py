@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import json
 import logging
+import os
+import pickle
 import random
 from contextlib import ExitStack
 from datetime import datetime
@@ -23,16 +26,22 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rltrain import checkpoint
+from rltrain import checkpoint, distributed
 from rltrain.envs import EnvSpec
 from rltrain.errors import CheckpointError, ConfigError, RunDirError
 from rltrain.loggers import JsonlLogger
 from rltrain.run_dir import RunDirLock, claim_unique, earlier_run_in
 from rltrain.state import TrainState
+from rltrain.sync.distributed import CONTACT_FILE
 from rltrain.trainer import Trainer, summarize, write_summary
 from rltrain.validate import WIRING_KEYS, validate
 
 log = logging.getLogger("rltrain")
+_SETUP = "setup"  # rank 0 -> collector ranks: the run dir, weights version and seed (or why it was refused)
+
+
+class RefusedByLearner(Exception):
+    """Rank 0 refused the run (a config, checkpoint or run-dir error it reported itself)."""
 
 
 def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
@@ -43,7 +52,23 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
     part is restored from it before anything starts (a checkpoint that does not fit fails here).
     The run dir is locked before anything is written to it: a dir that a live run holds, or that
     another run already finished in, is refused (RunDirError).
+
+    In a torchrun job this is rank 0 (the learner); it tells the collector ranks (``serve_rank``)
+    the run dir, or why the run was refused.
     """
+    world = distributed.current()
+    if world is not None and world.rank != 0:
+        raise ConfigError(f"build() makes the learner, which is rank 0; this is rank {world.rank} of a torchrun job, "
+                          "which collects: rltrain.factory.serve_rank(cfg)")
+    try:
+        return _build(cfg, run_dir, world)
+    except BaseException as e:
+        if world is not None and not world.store.check([_SETUP]):  # the collector ranks wait for it: tell them
+            world.store.set(_SETUP, pickle.dumps({"refused": f"{type(e).__name__}: {e}"}))
+        raise
+
+
+def _build(cfg: DictConfig, run_dir: str | Path | None, world: distributed.World | None) -> Trainer:
     validate(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     ckpt_path = checkpoint.find(cfg.get("resume"), resolved, _runs_root(run_dir))
@@ -57,6 +82,9 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
                    "it has no checkpoint to resume from: remove the dir")
             raise RunDirError(f"{run_dir} already holds a run ({', '.join(taken)}); {how}, or give this run "
                               "another hydra.run.dir")
+        if world is not None:  # every rank uses rank 0's run dir; envs a checkpoint cannot restore start reseeded
+            world.store.set(_SETUP, pickle.dumps({"run_dir": str(Path(run_dir).resolve()), "version": restore.version,
+                                                  "seed": cfg.seed + restore.frames}))
         trainer = _build_parts(cfg, resolved, run_dir, lock, restore)
     except BaseException as e:
         if in_place is None and not isinstance(e, (ConfigError, CheckpointError, RunDirError)):
@@ -92,10 +120,13 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         scheme = _construct(cfg.sync)
         sender = restore.sender(scheme, policy)
         cleanup.callback(sender.close)
+        if (contact := sender.contact()) is not None:  # how a process of the user's own joins (rltrain.sync.listen)
+            (run_dir / CONTACT_FILE).write_text(json.dumps(contact) + "\n")
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
         collector = _instantiate_with(cfg.collector, make_env=make_env, make_policy=make_policy,
-                                      make_receiver=scheme.receiver, env_spec=env_spec, seed=cfg.seed + restore.frames)
+                                      make_receiver=scheme.receiver, env_spec=env_spec, seed=cfg.seed + restore.frames,
+                                      sender=sender)
         cleanup.callback(collector.close)
         restore.collector(collector)
 
@@ -116,6 +147,39 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
     log.info("run dir %s | %s on %s | %s collector | device %s%s", run_dir, type(algo).__name__, env_spec.id,
              type(collector).__name__, device, f" | resumed at {restore.frames:,} frames" if restore.saved else "")
     return trainer
+
+
+def serve_rank(cfg: DictConfig) -> None:
+    """Run this process as collector rank ``RANK`` of a torchrun job: rank 0's run dir, this rank's
+    log in ``ranks/<rank>.log`` there, then collect for rank 0 until it says stop (or is gone)."""
+    world = distributed.current()
+    validate(cfg)
+    setup = pickle.loads(distributed.wait_for_key(world.store, _SETUP, cfg.collector.get("timeout_s", 60.0)))
+    if "refused" in setup:
+        raise RefusedByLearner(f"rank 0 did not start the run: {setup['refused']}")
+    run_dir = Path(setup["run_dir"])
+    _log_to_file(run_dir / "ranks" / f"{world.rank}.log")
+    log.info("collector rank %d of %d on %s, pid %d; run dir %s", world.rank, world.size, world.host, os.getpid(),
+             run_dir)
+    _seed_everything(cfg.seed + world.rank)
+    if cfg.get("threads"):
+        torch.set_num_threads(cfg.threads)
+    make_env = _plain_partial(cfg.env, seed=cfg.seed)
+    env_spec = _probe_spec(make_env)
+    make_policy = _plain_partial(cfg.algo.network, env_spec=env_spec)
+    receiver = _construct(cfg.sync).receiver()
+    config = OmegaConf.to_container(_without(cfg.collector, {"_target_"}), resolve=True)
+    envs = config.get("envs_per_rank", 8)
+    get_class(cfg.collector._target_).serve(world, make_env, make_policy, receiver, env_spec,
+                                            seed=setup["seed"] + (world.rank - 1) * envs, version=setup["version"],
+                                            **config)
+
+
+def _log_to_file(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path)
+    handler.setFormatter(logging.Formatter("[%(asctime)s][%(name)s][%(levelname)s] - %(message)s"))
+    logging.getLogger().addHandler(handler)
 
 
 def _build_loggers(cfg: DictConfig, run_dir: Path, config: dict, restore: checkpoint.Restore,

@@ -45,11 +45,14 @@ class Collector(Protocol):
     Capabilities: ``BATCH_ENVS``, the config keys whose product is the number of envs one batch
     spans (``collector.frames_per_batch`` must be a multiple of it); ``IN_LEARNER_PROCESS``, whether
     its envs and policy copy live in the learner's process (sync schemes for other processes only,
-    such as ``sync=pipe``, cannot reach it).
+    such as ``sync=pipe``, cannot reach it); ``ON_OTHER_RANKS``, whether its envs run on the other
+    ranks of a torchrun job (then the class has ``check_job(world, config)`` and a ``serve`` that
+    each collector rank runs, and only a sync scheme that ``REACHES_OTHER_RANKS`` can feed it).
     """
 
     BATCH_ENVS: tuple[str, ...] = ()
     IN_LEARNER_PROCESS = False
+    ON_OTHER_RANKS = False
 
     max_lag: int | None = None  # the trainer drops batches with frames more versions old than this
 

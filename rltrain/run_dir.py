@@ -18,9 +18,11 @@ import socket
 from datetime import datetime
 from pathlib import Path
 
+from rltrain import distributed
 from rltrain.errors import RunDirError
 
 LOCK_FILE = "run.lock"
+_HYDRA_DIR = "hydra_dir"  # rank 0 -> other ranks: the run dir Hydra made
 # What a run that trained leaves in its dir; a fresh run never starts in a dir that holds one of
 # them (a summary.json alone is a run that failed to start: a fresh run may take its place).
 RUN_FILES = ("metrics.jsonl", "checkpoints")
@@ -42,8 +44,23 @@ def claim_unique(path: str | Path) -> Path:
 
 def unique_dir(path: str) -> str:
     """The ``rltrain.unique_dir`` resolver of the default run and sweep dirs (cached by OmegaConf,
-    so every read of one config gets the dir it claimed)."""
-    return str(claim_unique(path))
+    so every read of one config gets the dir it claimed). In a torchrun job rank 0 claims it and
+    every other rank takes rank 0's (their clocks, and so ``${now:...}``, may differ)."""
+    world = distributed.current()
+    if world is None:
+        return str(claim_unique(path))
+    if world.rank == 0:
+        claimed = str(claim_unique(path).resolve())
+        world.store.set(_HYDRA_DIR, claimed)
+        return claimed
+    return distributed.wait_for_key(world.store, _HYDRA_DIR, 120.0).decode()
+
+
+def log_file(path: str) -> str:
+    """The ``rltrain.log_file`` resolver of Hydra's log file: ``path`` on rank 0 (or outside a
+    torchrun job); the other ranks log to ``ranks/<rank>.log`` in the run dir once they know it."""
+    world = distributed.current()
+    return path if world is None or world.rank == 0 else os.devnull
 
 
 def earlier_run_in(run_dir: Path) -> list[str]:

@@ -17,6 +17,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from rltrain import distributed
 from rltrain.algos.finite import MODES as NONFINITE_ALGO
 from rltrain.algos.networks import ACTIVATIONS
 from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
@@ -44,7 +45,7 @@ RUNTIME_ARGS = {
     "env": {"seed"},
     "algo": {"policy", "total_frames", "device"},
     "algo.network": {"env_spec"},
-    "collector": {"make_env", "make_policy", "make_receiver", "env_spec", "seed"},
+    "collector": {"make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender"},
     "logger": {"run_dir", "config", "resume"},
     "hooks": {"policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo",
               "collector", "config"},
@@ -82,10 +83,16 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("collector.frames_per_batch", _positive_int, "an integer >= 1", ""),
     ("collector.workers", _positive_int, "an integer >= 1", ""),
     ("collector.envs_per_worker", _positive_int, "an integer >= 1", ""),
+    ("collector.envs_per_rank", _positive_int, "an integer >= 1", ""),
+    ("collector.workers_per_rank", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+     "an integer >= 0 (0: a rank steps its envs itself)", ""),
+    ("collector.mode", lambda v: v in ("lockstep", "async"), "lockstep or async", ""),
+    ("sync.listeners", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0", ""),
+    ("sync.bucket_mb", _positive, "a number > 0", ""),
     ("collector.max_lag", lambda v: v is None or (isinstance(v, int) and v >= 0), "an integer >= 0 or null", ""),
     ("collector.start_method", lambda v: v in ("spawn", "forkserver", "fork"), "spawn, forkserver or fork", ""),
     ("collector.timeout_s", _positive, "a number > 0", ""),
-    ("sync.every", _positive_int, "an integer >= 1", "; use sync=none to never push weights"),
+    ("sync.every", lambda v: v is None or _positive_int(v), "an integer >= 1, or null (never push)", ""),
     ("sync.timeout_s", _positive, "a number > 0", ""),
     ("sync.slots", lambda v: _positive_int(v) and v >= 2, "an integer >= 2", ""),
     ("algo.lr", _positive, "a number > 0", ""),
@@ -260,6 +267,7 @@ def _check_cross(cfg: DictConfig) -> None:
         raise ConfigError(f"{_label('sync', sync)} sends weights to worker processes, but "
                           f"{_label('collector', collector)} runs in the learner's process; use sync=shared_mem with "
                           f"it, or collector=lockstep|async with {_label('sync', sync)}")
+    _check_job(cfg, collector, sync)
     why = capability(algo, Algo, "NEEDS_PUSHES")
     if why and not capability(sync, WeightSyncScheme, "PUSHES"):
         raise ConfigError(f"{_label('algo', algo)} with {_label('sync', sync)}: {why}; use sync=shared_mem")
@@ -275,6 +283,23 @@ def _check_cross(cfg: DictConfig) -> None:
             f"algo.minibatch_size ({minibatch}) is larger than the batch "
             f"(collector.frames_per_batch={batch}); use at most {batch}"
         )
+
+
+def _check_job(cfg: DictConfig, collector: type, sync: type) -> None:
+    """A torchrun job of several processes needs a collector that runs on the other ranks, and
+    such a collector needs a sync scheme that reaches them (the same check on every rank)."""
+    world = distributed.current()
+    on_ranks = capability(collector, Collector, "ON_OTHER_RANKS")
+    if on_ranks:
+        collector.check_job(world, OmegaConf.to_container(cfg.collector, resolve=True))
+        if not capability(sync, WeightSyncScheme, "REACHES_OTHER_RANKS"):
+            raise ConfigError(f"{_label('collector', collector)} runs collectors on other ranks (other machines), "
+                              f"which {_label('sync', sync)} cannot reach; use sync=distributed (sync.every=null "
+                              "never pushes)")
+    elif world is not None:
+        raise ConfigError(f"this is rank {world.rank} of a torchrun job of {world.size} processes (WORLD_SIZE), but "
+                          f"{_label('collector', collector)} runs on rank 0 alone; use collector=distributed "
+                          "sync=distributed (rank 0 learns, the other ranks collect), or run without torchrun")
 
 
 def capability(cls: type, interface: type, name: str):

@@ -20,9 +20,14 @@ def all_choices():
 
 @pytest.mark.parametrize(("group", "choice"), all_choices())
 def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
-    # sync=pipe needs worker processes, SAC continuous actions (build rejects the defaults' pairing).
-    extra = {("sync", "pipe"): ["collector=lockstep"], ("algo", "sac"): ["env=pendulum"]}.get((group, choice), [])
+    # sync=pipe|distributed need worker processes, SAC continuous actions (build rejects the defaults' pairing).
+    extra = {("sync", "pipe"): ["collector=lockstep"], ("sync", "distributed"): ["collector=lockstep"],
+             ("algo", "sac"): ["env=pendulum"]}.get((group, choice), [])
     cfg = make_config(f"{group}={choice}", "trainer.total_frames=512", *extra)
+    if (group, choice) == ("collector", "distributed"):  # its collectors are other ranks: tests/test_distributed.py
+        with pytest.raises(ConfigError, match="launch with torchrun --nproc-per-node=3"):
+            build(cfg, run_dir=tmp_path)
+        return
     trainer = build(cfg, run_dir=tmp_path)
     summary = trainer.fit()
     assert summary["status"] == "completed"
@@ -32,7 +37,7 @@ def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
 BAD_INPUT = [
     (["algo.lr=-1"], "algo.lr must be a number > 0 (got -1)"),
     (["collector.frames_per_batch=0"], "collector.frames_per_batch must be an integer >= 1 (got 0)"),
-    (["sync.every=0"], "sync.every must be an integer >= 1 (got 0); use sync=none to never push weights"),
+    (["sync.every=0"], "sync.every must be an integer >= 1, or null (never push) (got 0)"),
     (["algo.minibatch_size=1024"], "algo.minibatch_size (1024) is larger than the batch"),
     (["env.id=NoSuchEnv-v0"], "env.id='NoSuchEnv-v0' is not a registered gymnasium environment"),
     (["env.id=no_such_module:Foo-v0"], "could not import module 'no_such_module'"),
@@ -152,7 +157,8 @@ def test_full_error_env_var_shows_the_traceback(tmp_path):
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ["algo: ppo, sac", "collector: async, local, lockstep", "sync: none, pipe, shared_mem",
+    for line in ["algo: ppo, sac", "collector: async, distributed, local, lockstep",
+                 "sync: distributed, none, pipe, shared_mem",
                  "logger: console, csv, wandb"]:
         assert line in result.stdout
     assert "env: " in result.stdout and "cartpole" in result.stdout

@@ -49,13 +49,18 @@ gym.register("RecordAction-v0", entry_point=RecordActionEnv, max_episode_steps=1
 
 
 class FaultyEnv(gym.Env):
-    """CartPole-shaped env that misbehaves at its ``at_step``-th step: raise, os._exit, or hang."""
+    """CartPole-shaped env that misbehaves at its ``at_step``-th step: raise, os._exit, or hang
+    (with ``rank``, only in that rank of a torchrun job)."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, fault: str = "raise", at_step: int = 5):
+    def __init__(self, fault: str = "raise", at_step: int = 5, rank: int | None = None):
+        import os
+
         self.fault, self.at_step, self.steps = fault, at_step, 0
+        if rank is not None and os.environ.get("RANK") != str(rank):
+            self.fault = "none"
 
     def reset(self, *, seed=None, options=None):
         super().reset(seed=seed)

@@ -2,7 +2,8 @@
 
 One class per way of working, over shared pieces (``Rollout``, the ``WorkerPool``, the batch
 buffers): ``LocalCollector`` (in the learner's process), ``LockstepCollector`` and
-``AsyncCollector`` (worker processes). Attributes are imported lazily: a spawned worker imports
+``AsyncCollector`` (worker processes), ``DistributedCollector`` (other ranks of a torchrun job).
+Attributes are imported lazily: a spawned worker imports
 ``rltrain.collectors.worker`` and must not pull in tensordict through this package.
 """
 
@@ -13,11 +14,13 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from rltrain.collectors.asynchronous import AsyncCollector
+    from rltrain.collectors.distributed import DistributedCollector
     from rltrain.collectors.local import LocalCollector
     from rltrain.collectors.lockstep import LockstepCollector
 
-_MODULES = {"LocalCollector": "local", "LockstepCollector": "lockstep", "AsyncCollector": "asynchronous"}
-__all__ = ["AsyncCollector", "LocalCollector", "LockstepCollector"]
+_MODULES = {"LocalCollector": "local", "LockstepCollector": "lockstep", "AsyncCollector": "asynchronous",
+            "DistributedCollector": "distributed"}
+__all__ = ["AsyncCollector", "DistributedCollector", "LocalCollector", "LockstepCollector"]
 
 
 def __getattr__(name: str):

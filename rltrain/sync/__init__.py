@@ -1,8 +1,10 @@
 """Weight-sync schemes: how the learner's policy weights reach the collectors."""
 
 from rltrain.sync.base import WeightReceiver, WeightSender, WeightSyncScheme
+from rltrain.sync.distributed import DistributedReceiver, DistributedSync, listen
 from rltrain.sync.none import NoSync
 from rltrain.sync.pipe import PipeSync
 from rltrain.sync.shared_mem import SharedMemSync
 
-__all__ = ["NoSync", "PipeSync", "SharedMemSync", "WeightReceiver", "WeightSender", "WeightSyncScheme"]
+__all__ = ["DistributedReceiver", "DistributedSync", "NoSync", "PipeSync", "SharedMemSync", "WeightReceiver",
+           "WeightSender", "WeightSyncScheme", "listen"]

@@ -36,6 +36,11 @@ class WeightSender(ABC):
         scheme keeps no copy of them (then they are the learner's weights as of the last push)."""
         return None
 
+    def contact(self) -> dict | None:
+        """How a process of the user's own can receive the pushes (build writes it to
+        ``sync.json`` in the run dir; ``rltrain.sync.listen`` reads it), or None if it cannot."""
+        return None
+
     def close(self) -> None:
         """Release what the sender holds."""
 
@@ -65,11 +70,13 @@ class WeightSyncScheme(ABC):
     """A way of moving weights from one learner to its collectors.
 
     Capabilities (checked by build): ``PUSHES``, whether pushes move new weights at all;
-    ``CROSS_PROCESS_ONLY``, whether its receivers must live in other processes than the learner.
+    ``CROSS_PROCESS_ONLY``, whether its receivers must live in other processes than the learner;
+    ``REACHES_OTHER_RANKS``, whether they may be other ranks of a torchrun job (other machines).
     """
 
     PUSHES = True
     CROSS_PROCESS_ONLY = False
+    REACHES_OTHER_RANKS = False  # whether its receivers may be other ranks of a torchrun job, on other machines
     every: int | None = None  # batches between pushes (``sync.every``; WeightPushHook reads it), None: never
 
     @abstractmethod
@@ -80,6 +87,10 @@ class WeightSyncScheme(ABC):
     @abstractmethod
     def receiver(self) -> WeightReceiver:
         """Create a receiver for one collector (or collector worker); picklable."""
+
+
+def layout_of(policy: nn.Module) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    return {name: (tuple(t.shape), t.dtype) for name, t in named_weights(policy).items()}
 
 
 def named_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
@@ -96,7 +107,7 @@ class FlatWeights:
     the number of tensors, and pickles as that single segment.
     """
 
-    def __init__(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]], shared: bool):
+    def __init__(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]], shared: bool, pinned: bool = False):
         self.layout = layout
         offsets, total = {}, 0
         for name, (shape, dtype) in layout.items():
@@ -106,13 +117,26 @@ class FlatWeights:
         self.buffer = torch.zeros(max(total, _ALIGN), dtype=torch.uint8)
         if shared:
             self.buffer.share_memory_()
+        elif pinned:  # a GPU learner's staging buffer: device-to-host copies at full speed
+            self.buffer = self.buffer.pin_memory()
         self._offsets = offsets
         self._make_views()
 
     @classmethod
-    def like(cls, policy: nn.Module, shared: bool) -> FlatWeights:
-        layout = {name: (tuple(t.shape), t.dtype) for name, t in named_weights(policy).items()}
-        return cls(layout, shared)
+    def like(cls, policy: nn.Module, shared: bool, pinned: bool = False) -> FlatWeights:
+        return cls(layout_of(policy), shared, pinned)
+
+    def buckets(self, nbytes: int) -> list[tuple[list[str], torch.Tensor]]:
+        """The buffer cut into consecutive runs of whole weights of at least ``nbytes`` each (the
+        last may be smaller): each run's names and the slice of the buffer that holds them."""
+        out, names, start = [], [], 0
+        for name, offset in self._offsets.items():
+            if names and offset - start >= nbytes:
+                out.append((names, self.buffer[start:offset]))
+                names, start = [], offset
+            names.append(name)
+        out.append((names, self.buffer[start:]))
+        return out
 
     def _make_views(self) -> None:
         self.views = {}
@@ -128,14 +152,13 @@ class FlatWeights:
         self.__dict__.update(state)
         self._make_views()
 
-    def copy_from(self, weights: dict[str, torch.Tensor]) -> None:
-        names = list(self.views)
+    def copy_from(self, weights: dict[str, torch.Tensor], names: list[str] | None = None) -> None:
+        names = list(self.views) if names is None else names
         sources = [weights[n] for n in names]
         with _all_cores(self.buffer.numel()):
             torch._foreach_copy_([self.views[n] for n in names], sources, non_blocking=True)
         if any(s.is_cuda for s in sources):
             torch.cuda.synchronize()
-
 
     def copy_into(self, weights: dict[str, torch.Tensor]) -> None:
         names = list(self.views)
