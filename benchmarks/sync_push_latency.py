@@ -5,6 +5,8 @@ version it applied through shared memory). The floor is one copy of the same byt
 learner's process. Workers poll as an async collector's would, between short sleeps.
 
     python benchmarks/sync_push_latency.py [--params 70k 1M 10M 50M] [--workers 2] [--repeats 20]
+
+(``sync=distributed`` beside the floor of its engine: benchmarks/distributed_push.py.)
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from multiprocessing.connection import wait
 import torch
 from torch import nn
 
-from rltrain.sync import PipeSync, SharedMemSync
+from rltrain.sync import DistributedSync, PipeSync, SharedMemSync
 
-SCHEMES = {"shared_mem": SharedMemSync, "pipe": PipeSync}
+SCHEMES = {"shared_mem": SharedMemSync, "pipe": PipeSync, "distributed": DistributedSync}
 POLL_S = 0.0002  # shared_mem workers look for a new version this often (an env step or so)
 
 
@@ -35,9 +37,9 @@ class Net(nn.Module):
         self.register_buffer("obs_mean", torch.zeros(d))
 
 
-def worker(n_params: int, receiver, ack: torch.Tensor, index: int, stop) -> None:
+def worker(n_params: int, receiver, ack: torch.Tensor, index: int, stop, net=None) -> None:
     torch.set_num_threads(1)
-    policy = Net(n_params)
+    policy = (net or Net)(n_params)
     receiver.connect(policy)
     ack[index] = receiver.version
     waitable = getattr(receiver, "waitable", None)
@@ -55,14 +57,15 @@ def parse_count(text: str) -> int:
     return int(float(text.rstrip("kM")) * scale)
 
 
-def measure(scheme_name: str, n_params: int, workers: int, repeats: int) -> float:
+def measure(scheme_name: str, n_params: int, workers: int, repeats: int, net=None) -> float:
     ctx = mp.get_context("spawn")
-    learner = Net(n_params)
+    net = net or Net
+    learner = net(n_params)
     scheme = SCHEMES[scheme_name]()
     sender = scheme.sender(learner)
     ack = torch.full((workers,), -1, dtype=torch.int64).share_memory_()
     stop = ctx.Event()
-    procs = [ctx.Process(target=worker, args=(n_params, scheme.receiver(), ack, i, stop), daemon=True)
+    procs = [ctx.Process(target=worker, args=(n_params, scheme.receiver(), ack, i, stop, net), daemon=True)
              for i in range(workers)]
     for p in procs:
         p.start()

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from rltrain import build
 from tests.conftest import ROOT, make_config, run_cli
 
-FAST = ["trainer.total_frames=60000", "hooks.eval.episodes=2"]
+FAST = ["hooks.eval.episodes=2"]  # the default 200k frames, stopping once solved
 
 
 def torchrun(*args: str, cwd: Path, nproc: int = 3, extra: tuple[str, ...] = (), popen: bool = False,
@@ -109,8 +109,9 @@ README_LISTENER = re.compile(r"<!-- listener example -->\s*```python\n(.*?)```",
 def test_the_readme_listener_receives_the_pushes(tmp_path):
     code = README_LISTENER.search((ROOT / "README.md").read_text()).group(1)
     run_dir = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-m", "rltrain", "collector=lockstep", "sync=distributed", "sync.listeners=1",
-                            "trainer.total_frames=40000", "trainer.stop_at_return=null", f"hydra.run.dir={run_dir}"],
+    run = subprocess.Popen([sys.executable, "-m", "rltrain", "collector=lockstep", "sync=distributed",
+                            "sync.listeners=1", "trainer.total_frames=40000", "trainer.stop_at_return=null",
+                            f"hydra.run.dir={run_dir}"],
                            cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, text=True)
     try:
@@ -142,8 +143,8 @@ def test_three_rank_job_solves_cartpole_and_only_rank_0_writes(tmp_path):
 
 
 def test_async_ranks_with_their_own_workers_solve_cartpole(tmp_path):
-    result = torchrun("collector=distributed", "sync=distributed", "collector.mode=async", "collector.workers_per_rank=2",
-                      *FAST, cwd=tmp_path)
+    result = torchrun("collector=distributed", "sync=distributed", "collector.mode=async",
+                      "collector.workers_per_rank=2", *FAST, cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = summary_of(tmp_path)
     assert summary["solved"], summary
@@ -153,7 +154,7 @@ def test_async_ranks_with_their_own_workers_solve_cartpole(tmp_path):
 def test_sac_on_pendulum_runs_with_distributed_collectors(tmp_path):
     result = torchrun("algo=sac", "env=pendulum", "collector=distributed", "sync=distributed",
                       "collector.frames_per_batch=64", "collector.envs_per_rank=4", "trainer.total_frames=3000",
-                      "algo.learning_starts=1000", "hooks.eval.episodes=1", cwd=tmp_path)
+                      "algo.warmup_frames=1000", "hooks.eval.episodes=1", cwd=tmp_path)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     summary = summary_of(tmp_path)
     assert summary["status"] == "completed" and summary["frames"] >= 3000 and summary["updates"] > 10
@@ -199,7 +200,7 @@ def test_a_killed_rank_fails_the_learner_naming_it(tmp_path):
         os.killpg(job.pid, signal.SIGKILL) if job.poll() is None else None
     assert time.monotonic() - killed_at < 60 and job.returncode != 0
     status = json.loads((run_dir / "summary.json").read_text())["status"]
-    assert "collector rank 1" in status and "died" in status, status
+    assert re.search(r"collector rank 1 .*died", status), status
 
 
 def test_a_stuck_rank_fails_the_learner_within_the_timeout(tmp_path):
@@ -242,7 +243,8 @@ def test_the_ranks_exit_when_the_learner_dies(tmp_path):
 
 def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path):
     job = torchrun("collector=distributed", "sync=distributed", "resume=auto", "trainer.total_frames=40000",
-                   "trainer.stop_at_return=null", "hooks.checkpoint.every.frames=4096", cwd=tmp_path, popen=True,
+                   "trainer.stop_at_return=null", "~hooks.checkpoint.every", "+hooks.checkpoint.every={frames: 4096}",
+                   "~hooks.log.every", "+hooks.log.every={frames: 2048}", cwd=tmp_path, popen=True,
                    extra=("--max-restarts=2",))
     try:
         run_dir = newest_run_dir(tmp_path)
@@ -256,9 +258,9 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path):
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["frames"] >= 40000
     frames = [json.loads(line)["frames"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert frames == sorted(set(frames)), "metrics.jsonl repeats or goes back"
-    steps = {b - a for a, b in zip(frames, frames[1:])}
-    assert max(steps) <= 2 * min(steps), f"a gap in metrics.jsonl: {frames}"
+    assert frames == sorted(set(frames)), f"metrics.jsonl repeats or goes back: {frames}"
+    assert set(range(2048, 40000, 2048)) <= set(frames), f"a gap in metrics.jsonl: {frames}"
+    assert "restart" in out.lower() or (run_dir / "resumes").exists()
 
 
 # -- bad input: refused before anything starts

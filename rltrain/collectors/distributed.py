@@ -306,7 +306,8 @@ class _RankServer:
                         log.error("the learner (rank 0) is gone; this collector rank stops")
                         return
                     raise
-                if kind == CLOSE:
+                if kind == CLOSE:  # the learner's weights sender says its last word right after
+                    self.receiver.wait_ended(5.0)
                     return
                 if kind == COLLECT:
                     self._collect(arg)
@@ -318,7 +319,8 @@ class _RankServer:
         except BaseException:
             self._report_and_close()
             raise
-        self._close()
+        finally:
+            self._close()
 
     def _collect(self, version: int) -> None:
         if version >= 0:  # lock-step: act with the version pushed before this command, or newer
@@ -357,10 +359,13 @@ class _RankServer:
         self._close()
 
     def _close(self) -> None:
+        """Stop this rank's collector (its workers), relay and receiver; safe to call twice."""
         if self.collector is not None:
             self.collector.close()
+            self.collector = None
         if self.relay is not None:
             self.relay.close()
+            self.relay = None
         self.receiver.close()
 
 

@@ -128,11 +128,12 @@ class _DistributedSender(WeightSender):
         try:
             action()
         except RuntimeError as e:
-            gone = rd.is_peer_gone(e)
-            raise SyncError(f"sync=distributed: {self._scheme.describe(peer)} "
-                            f"{'is gone' if gone else 'did not answer'} while weights version {version} was pushed"
-                            f"{'' if gone else f' within {self._scheme.timeout_s:g}s (sync.timeout_s)'}: "
-                            f"{str(e).splitlines()[0]}") from None
+            if rd.is_peer_gone(e):
+                raise SyncError(f"sync=distributed: {self._scheme.describe(peer)} died (its connection closed) while "
+                                f"weights version {version} was pushed") from None
+            raise SyncError(f"sync=distributed: {self._scheme.describe(peer)} did not answer within "
+                            f"{self._scheme.timeout_s:g}s (sync.timeout_s) while weights version {version} was "
+                            f"pushed: {str(e).splitlines()[0]}") from None
 
     def close(self) -> None:
         if self._group is None:
@@ -165,7 +166,7 @@ class DistributedReceiver(WeightReceiver):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for key in ("_lock", "_thread", "_sets"):
+        for key in ("_lock", "_thread", "_sets", "_group"):
             state.pop(key, None)
         return state
 
@@ -230,7 +231,9 @@ class DistributedReceiver(WeightReceiver):
             while True:
                 kind, _, version = rd.recv_header(group, 0, _IDLE_S)
                 if kind == _CLOSE:
-                    del group  # its threads joined here, before anyone sees ``ended`` (and maybe exits)
+                    # Kept: destroying a group here could race the interpreter's exit (once
+                    # ``ended`` is seen), which aborts the process; it goes with the receiver.
+                    self._group = group
                     with self._lock:
                         self.ended = True
                         self._lock.notify_all()
@@ -257,6 +260,10 @@ class DistributedReceiver(WeightReceiver):
 
     def _stopping(self) -> bool:
         return self._closing
+
+    def wait_ended(self, timeout_s: float) -> None:
+        """Wait (up to ``timeout_s``) for the learner's last message, which ends the receiving thread."""
+        self._thread.join(timeout_s)
 
     def close(self) -> None:
         self._closing = True  # the thread ends at the learner's close message, or with this process
