@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import math
 import multiprocessing as mp
+import os
 import statistics
 import time
 from multiprocessing.connection import wait
@@ -50,6 +51,7 @@ def worker(n_params: int, receiver, ack: torch.Tensor, index: int, stop, net=Non
             time.sleep(POLL_S)
         if receiver.poll():
             ack[index] = receiver.version
+    os._exit(0)  # as rltrain's workers do: a receiving thread may still wait in C++ (sync=distributed)
 
 
 def parse_count(text: str) -> int:

@@ -15,6 +15,7 @@ Only torch, numpy, gymnasium and rltrain's env, policy, rollout and sync modules
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import signal
 import sys
 import traceback
@@ -50,7 +51,7 @@ def worker_main(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     torch.set_num_threads(1)
     torch.manual_seed(seed)  # the policy's action sampling: lock-step runs repeat exactly
-    env = None
+    env, code = None, 0
     try:
         env = make_env()
         policy = make_policy()
@@ -64,11 +65,16 @@ def worker_main(
             conn.send(("error", f"{type(e).__name__}: {e}", f"collector worker {index}:\n{traceback.format_exc()}"))
         except OSError:
             pass
-        sys.exit(1)
+        code = 1
     finally:
         receiver.close()
         if env is not None:
             env.close()
+    # Out without the interpreter's teardown: a thread of the receiver may still wait in C++ for a
+    # push that will not come (sync=distributed's), and tearing down under it aborts the process.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def serve_lockstep(index: int, conn, env, policy, receiver, arrays: list[dict[str, np.ndarray]]) -> None:
