@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rltrain import build
+from rltrain.errors import ConfigError
 from tests.conftest import ROOT, make_config, run_cli
 
 FAST = ["hooks.eval.episodes=2"]  # the default 200k frames, stopping once solved
@@ -264,6 +265,11 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path):
 
 
 # -- bad input: refused before anything starts
+
+
+def test_sync_distributed_needs_collectors_in_other_processes(tmp_path):
+    with pytest.raises(ConfigError, match="runs in the learner's process"):
+        build(make_config("collector=local", "sync=distributed"), run_dir=tmp_path)
 
 
 def test_collector_distributed_outside_torchrun_is_refused(tmp_path):
