@@ -97,19 +97,37 @@ def run(cfg: DictConfig) -> float | None:
 
 def _collect_on_rank(cfg: DictConfig, world: distributed.World) -> None:
     """A collector rank: collect for rank 0 until it stops; failures go to rank 0 (which shows
-    them), to this rank's log (ranks/<rank>.log) and to the exit code."""
+    them), to this rank's log (ranks/<rank>.log) and to the exit code. The process then leaves
+    without the interpreter's teardown: a thread may still wait in gloo (for a broadcast that
+    will not come, up to sync.timeout_s) and tearing down under it hangs or aborts the process."""
+    code = 0
     with _sigterm_like_ctrl_c() as seen:
         try:
             serve_rank(cfg)
-        except _REFUSED as e:
-            return _refuse(e)
-        except RefusedByLearner as e:
-            return _exit(EXIT_REFUSED, str(e))
-        except KeyboardInterrupt:
-            return _stopped(seen.signum, f"collector rank {world.rank} stopped by {seen.signum.name}")
-        except Exception as e:  # noqa: BLE001
-            return _failed(e, f"on collector rank {world.rank}")
-    return None
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else EXIT_FAILED
+        except BaseException as e:  # noqa: BLE001
+            code = _rank_failure(e, world, seen)
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _rank_failure(e: BaseException, world: distributed.World, seen) -> int:
+    """Report a collector rank's failure as the CLI does for the learner; returns the exit code."""
+    try:
+        if isinstance(e, _REFUSED):
+            _refuse(e)
+        elif isinstance(e, RefusedByLearner):
+            _exit(EXIT_REFUSED, str(e))
+        elif isinstance(e, KeyboardInterrupt):
+            _stopped(seen.signum, f"collector rank {world.rank} stopped by {seen.signum.name}")
+        else:
+            _failed(e, f"on collector rank {world.rank}")
+    except SystemExit as exit_:
+        return exit_.code if isinstance(exit_.code, int) else EXIT_FAILED
+    return EXIT_FAILED
 
 
 def _refuse(e: Exception) -> None:

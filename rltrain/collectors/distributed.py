@@ -109,6 +109,7 @@ class DistributedCollector(Collector):
         self._buffers = {r: _frame_buffer(env_spec, steps, envs_per_rank) for r in self._ranks}
         self._backlog = Backlog(n + 1, max_lag) if mode == "async" and max_lag is not None else None
         self._done: queue.Queue = queue.Queue()
+        self._receiving: dict[int, threading.Thread] = {}  # async: the batch each commanded rank is sending
         self._who = {r: f"rank {r}" for r in self._ranks}
         try:
             self._group = rd.gloo_group(world.store, "collect", 0, world.size, timeout_s,
@@ -164,7 +165,8 @@ class DistributedCollector(Collector):
                 self._done.put((r, None))
             except BaseException as e:  # noqa: BLE001  (handed to the learner's thread)
                 self._done.put((r, e))
-        threading.Thread(target=run, name=f"rltrain-recv-{r}", daemon=True).start()
+        self._receiving[r] = threading.Thread(target=run, name=f"rltrain-recv-{r}", daemon=True)
+        self._receiving[r].start()
 
     def _next_done(self) -> int:
         try:
@@ -240,7 +242,10 @@ class DistributedCollector(Collector):
                 rd.send_frame(self._group, r, CLOSE)
             except RuntimeError:
                 pass  # already gone
-        self._ranks = []
+        # Batches still on their way: a thread left waiting in gloo would abort this process's exit.
+        for thread in self._receiving.values():
+            thread.join(min(self.timeout_s, 10.0))
+        self._ranks, self._receiving = [], {}
 
     # -- the collector rank's side
 

@@ -113,11 +113,26 @@ class _DistributedSender(WeightSender):
             for work in works:
                 work.wait()
         except RuntimeError as e:
+            dead = self._gone_peer() if rd.is_peer_gone(e) else None
+            if dead is not None:
+                raise SyncError(f"sync=distributed: {self._scheme.describe(dead)} died (its connection closed) while "
+                                f"weights version {version} was broadcast") from None
             raise SyncError(f"sync=distributed: broadcast of weights version {version} failed: "
                             f"{str(e).splitlines()[0]}") from None
         for peer in self._peers:
             self._talk(peer, version, lambda p=peer: self._ack(p, version))
         self.version = version
+
+    def _gone_peer(self) -> int | None:
+        """After a failed broadcast: the receiver whose connection closed (gloo's error names only
+        its address). A live one stays silent and is passed over after a moment."""
+        for peer in self._peers:
+            try:
+                rd.recv_header(self._group, peer, 0.2)
+            except RuntimeError as e:
+                if rd.is_peer_gone(e):
+                    return peer
+        return None
 
     def _ack(self, peer: int, version: int) -> None:
         kind, _, acked = rd.recv_header(self._group, peer, self._scheme.timeout_s)
