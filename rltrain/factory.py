@@ -16,6 +16,7 @@ import logging
 import os
 import pickle
 import random
+import traceback
 from contextlib import ExitStack
 from datetime import datetime
 from pathlib import Path
@@ -27,6 +28,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint, distributed
+from rltrain.collectors.distributed import report_and_wait
 from rltrain.envs import EnvSpec
 from rltrain.errors import CheckpointError, ConfigError, RunDirError
 from rltrain.loggers import JsonlLogger
@@ -122,6 +124,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         cleanup.callback(sender.close)
         if (contact := sender.contact()) is not None:  # how a process of the user's own joins (rltrain.sync.listen)
             (run_dir / CONTACT_FILE).write_text(json.dumps(contact) + "\n")
+        sender.start()
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
         collector = _instantiate_with(cfg.collector, make_env=make_env, make_policy=make_policy,
@@ -161,13 +164,18 @@ def serve_rank(cfg: DictConfig) -> None:
     _log_to_file(run_dir / "ranks" / f"{world.rank}.log")
     log.info("collector rank %d of %d on %s, pid %d; run dir %s", world.rank, world.size, world.host, os.getpid(),
              run_dir)
-    _seed_everything(cfg.seed + world.rank)
+    _seed_everything(setup["seed"] + world.rank)  # setup's seed counts a resumed run's frames
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
-    make_env = _plain_partial(cfg.env, seed=cfg.seed)
-    env_spec = _probe_spec(make_env)
-    make_policy = _plain_partial(cfg.algo.network, env_spec=env_spec)
-    receiver = _construct(cfg.sync).receiver()
+    try:
+        make_env = _plain_partial(cfg.env, seed=cfg.seed)
+        env_spec = _probe_spec(make_env)
+        make_policy = _plain_partial(cfg.algo.network, env_spec=env_spec)
+        receiver = _construct(cfg.sync).receiver()
+    except Exception as e:  # an env that does not start on this machine: rank 0 shows why
+        report_and_wait(world, f"{type(e).__name__}: {e}", f"collector rank {world.rank}:\n{traceback.format_exc()}",
+                        cfg.collector.get("timeout_s", 60.0))
+        raise
     config = OmegaConf.to_container(_without(cfg.collector, {"_target_"}), resolve=True)
     envs = config.get("envs_per_rank", 8)
     get_class(cfg.collector._target_).serve(world, make_env, make_policy, receiver, env_spec,

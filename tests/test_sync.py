@@ -133,3 +133,18 @@ def test_the_sync_lock_works_where_the_file_system_has_no_unnamed_files(monkeypa
     assert lock.acquire(timeout=1.0)
     lock.release()
     assert os.listdir(tmp_path) == []  # a temporary file, unlinked at once: nothing to leave behind
+
+
+def test_a_relay_pushes_the_weights_its_policy_is_bound_to_now():
+    # A collector rank with workers relays received versions through shared_mem; receiving
+    # rebinds its policy to new tensors, and each push must copy those, not the first ones.
+    from rltrain.sync.base import bind_weights, named_weights
+
+    learner, actor, sender, collector = make_pair(SharedMemSync())
+    batches = iter(collector)
+    next(batches)
+    received = {name: torch.full_like(t, 0.25) for name, t in named_weights(learner).items()}
+    bind_weights(learner, received)
+    sender.push()
+    next(batches)
+    assert torch.equal(actor.actor[0].weight, torch.full_like(actor.actor[0].weight, 0.25))

@@ -110,6 +110,8 @@ class DistributedCollector(Collector):
         self._backlog = Backlog(n + 1, max_lag) if mode == "async" and max_lag is not None else None
         self._done: queue.Queue = queue.Queue()
         self._receiving: dict[int, threading.Thread] = {}  # async: the batch each commanded rank is sending
+        self._owed: set[int] = set()  # ranks commanded whose answer was not read yet
+        self._lost: set[int] = set()  # ranks that died or stopped answering
         self._who = {r: f"rank {r}" for r in self._ranks}
         try:
             self._group = rd.gloo_group(world.store, "collect", 0, world.size, timeout_s,
@@ -132,6 +134,7 @@ class DistributedCollector(Collector):
             rd.send_frame(self._group, r, kind, payload, arg)
         except RuntimeError as e:
             raise self._failure(r, e) from None
+        self._owed.add(r)  # until its answer is read: a rank sending it cannot take another message
 
     def _receive(self, r: int, expect: int):
         """The next message from rank ``r``: its batch (into its buffer) or an object; raises
@@ -142,6 +145,8 @@ class DistributedCollector(Collector):
                                       self.timeout_s)
         except RuntimeError as e:
             raise self._failure(r, e) from None
+        finally:
+            self._owed.discard(r)
         if kind == ERROR:
             what, details = rd.decode(payload)
             raise CollectorError(f"collector {self._who[r]} failed: {what}", details=details)
@@ -150,6 +155,7 @@ class DistributedCollector(Collector):
         return None if kind == BATCH else rd.decode(payload)
 
     def _failure(self, r: int, e: RuntimeError) -> CollectorError:
+        self._lost.add(r)
         if rd.is_peer_gone(e):
             return CollectorError(f"collector {self._who[r]} died (its connection closed; killed, or out of memory? "
                                   f"see ranks/{r}.log in the run dir and that machine's dmesg)")
@@ -204,7 +210,8 @@ class DistributedCollector(Collector):
                     if backlog is not None:
                         backlog.started[r] += 1
                     self._receive_in_background(r)
-            ready.append(self._next_done())
+            if not ready:
+                ready.append(self._next_done())
             while not self._done.empty():
                 ready.append(self._next_done())
             ready.sort(key=lambda r: int(self._frames(r)["policy_version"][0, 0]))  # the oldest: closest to max_lag
@@ -237,7 +244,14 @@ class DistributedCollector(Collector):
             raise ValueError("; ".join(failed))
 
     def close(self) -> None:
-        for r in self._ranks:
+        # A rank sending its answer takes no CLOSE: read and drop the answer first. Ranks that died
+        # or stopped answering are left out (a message to them would wait out the timeout).
+        for r in sorted(self._owed - set(self._receiving) - self._lost):
+            try:
+                self._receive(r, BATCH)
+            except CollectorError:
+                pass
+        for r in [r for r in self._ranks if r not in self._lost]:
             try:
                 rd.send_frame(self._group, r, CLOSE)
             except RuntimeError:
@@ -377,4 +391,7 @@ class _RankServer:
 def report_and_wait(world: rd.World, what: str, details: str, timeout_s: float) -> None:
     """A rank's failure before its groups formed: through the store, until the learner saw it."""
     rd.report_failure(world.store, world.rank, what, details)
-    rd.wait_for_key(world.store, f"failure_seen/{world.rank}", timeout_s)
+    try:
+        rd.wait_for_key(world.store, f"failure_seen/{world.rank}", timeout_s)
+    except TimeoutError:
+        pass  # the learner may be gone itself

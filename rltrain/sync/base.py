@@ -36,6 +36,11 @@ class WeightSender(ABC):
         scheme keeps no copy of them (then they are the learner's weights as of the last push)."""
         return None
 
+    def start(self) -> None:
+        """Called by build once the run dir holds ``contact()`` and before the collector starts:
+        a sender whose receivers build their own policy copies (collector ranks) publishes the
+        initial weights here."""
+
     def contact(self) -> dict | None:
         """How a process of the user's own can receive the pushes (build writes it to
         ``sync.json`` in the run dir; ``rltrain.sync.listen`` reads it), or None if it cannot."""

@@ -45,7 +45,7 @@ from rltrain.sync.base import (
 )
 
 CONTACT_FILE = "sync.json"
-_VERSION, _ACK, _CLOSE = 1, 2, 3
+_VERSION, _ACK, _CLOSE, _FAILED = 1, 2, 3, 4
 _SETS = 3  # receiver buffer sets: acting, newest received, being received
 _IDLE_S = 7 * 24 * 3600.0  # a receiver waits this long for the next push (the learner's death ends it at once)
 
@@ -59,6 +59,7 @@ class _DistributedSender(WeightSender):
         self._stage.copy_from(self._weights)  # what collectors act with until the first push (for checkpoints)
         self._buckets = self._stage.buckets(scheme.bucket_bytes)
         self._group = None
+        self._broken = False
         self.version = version
 
     def contact(self) -> dict | None:
@@ -89,8 +90,20 @@ class _DistributedSender(WeightSender):
                             "(sync.timeout_s)") from None
         self._peers = list(range(1, size))
 
+    def start(self) -> None:
+        if self._scheme._world is not None:  # collector ranks built their own policy copies: the initial weights
+            try:
+                self._publish(self.version, copy=False)
+            except BaseException:
+                self._broken = True
+                raise
+
     def push(self) -> int:
-        self._publish(self.version + 1)
+        try:
+            self._publish(self.version + 1)
+        except BaseException:
+            self._broken = True  # receivers may be stuck mid-broadcast: close must not wait on them
+            raise
         return self.version
 
     def _publish(self, version: int, copy: bool = True) -> None:
@@ -136,6 +149,11 @@ class _DistributedSender(WeightSender):
 
     def _ack(self, peer: int, version: int) -> None:
         kind, _, acked = rd.recv_header(self._group, peer, self._scheme.timeout_s)
+        if kind == _FAILED:  # its part of the broadcast failed: a receiver further down gloo's tree died?
+            dead = self._gone_peer()
+            raise SyncError(f"sync=distributed: {self._scheme.describe(dead if dead is not None else peer)} "
+                            f"{'died (its connection closed)' if dead is not None else 'could not receive'} while "
+                            f"weights version {version} was broadcast")
         if kind != _ACK or acked != version:
             raise SyncError(f"sync=distributed: receiver {peer} answered {kind}/{acked} to weights version {version}")
 
@@ -151,7 +169,7 @@ class _DistributedSender(WeightSender):
                             f"pushed: {str(e).splitlines()[0]}") from None
 
     def close(self) -> None:
-        if self._group is None:
+        if self._group is None or self._broken:
             return
         for peer in self._peers:  # each receiver's thread ends; a receiver already gone is no error here
             try:
@@ -255,10 +273,18 @@ class DistributedReceiver(WeightReceiver):
                     return
                 with self._lock:
                     target = next(i for i in range(_SETS) if i not in (self._bound, self._ready))
-                for _names, chunk in buckets[target]:
-                    options = dist.BroadcastOptions()
-                    options.rootRank, options.timeout = 0, rd.seconds(self._timeout_s)
-                    group.broadcast([chunk], options).wait()
+                try:
+                    for _names, chunk in buckets[target]:
+                        options = dist.BroadcastOptions()
+                        options.rootRank, options.timeout = 0, rd.seconds(self._timeout_s)
+                        group.broadcast([chunk], options).wait()
+                except RuntimeError as e:  # the learner hears at once (it then names whoever died)
+                    try:
+                        rd.send_frame(group, 0, _FAILED, arg=version)
+                    except RuntimeError:
+                        pass
+                    raise RuntimeError(f"receiving weights version {version} failed (a peer's connection closed?): "
+                                       f"{str(e).splitlines()[0]}") from None
                 with self._lock:
                     self._ready, self._ready_version = target, version
                     self._lock.notify_all()
@@ -266,7 +292,7 @@ class DistributedReceiver(WeightReceiver):
         except BaseException as e:  # noqa: BLE001  (the collector's next poll raises it)
             if self._closing:
                 return
-            gone = isinstance(e, RuntimeError) and rd.is_peer_gone(e)
+            gone = isinstance(e, RuntimeError) and rd.is_peer_gone(e) and "receiving weights version" not in str(e)
             with self._lock:
                 self._error = ("sync=distributed: the learner is gone" if gone else
                                f"sync=distributed: receiving weights failed: {type(e).__name__}: "
@@ -321,8 +347,6 @@ class DistributedSync(WeightSyncScheme):
         self.store.set("layout", pickle.dumps(layout_of(policy)))
         sender = _DistributedSender(policy, self, version)
         self._initial, self._version = sender._stage, version
-        if self._world is not None:
-            sender._publish(version, copy=False)  # the ranks' initial weights (they built their own policy copies)
         return sender
 
     def receiver(self) -> WeightReceiver:

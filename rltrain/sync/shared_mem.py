@@ -123,7 +123,7 @@ class _Release:
 
 class _SharedMemSender(WeightSender):
     def __init__(self, policy: nn.Module, shared: _Shared):
-        self._weights = named_weights(policy)
+        self._policy = policy  # its tensors are read at each push: a relay's policy is rebound to new ones
         self._shared = shared
 
     def push(self) -> int:
@@ -140,7 +140,7 @@ class _SharedMemSender(WeightSender):
                                 "a collector is not polling for new weights")
             time.sleep(0.0002)
         slot = free[0]
-        shared.slots[slot].copy_from(self._weights)  # nobody reads this slot: unpublished, unpinned
+        shared.slots[slot].copy_from(named_weights(self._policy))  # nobody reads this slot: unpublished, unpinned
         version = self.version + 1
         with shared.locked():
             shared.word.fill_(version * n_slots + slot)
