@@ -98,8 +98,7 @@ def run(cfg: DictConfig) -> float | None:
 def _collect_on_rank(cfg: DictConfig, world: distributed.World) -> None:
     """A collector rank: collect for rank 0 until it stops; failures go to rank 0 (which shows
     them), to this rank's log (ranks/<rank>.log) and to the exit code. The process then leaves
-    without the interpreter's teardown: a thread may still wait in gloo (for a broadcast that
-    will not come, up to sync.timeout_s) and tearing down under it hangs or aborts the process."""
+    without the interpreter's teardown (``distributed.exit_without_teardown``)."""
     code = 0
     with _sigterm_like_ctrl_c() as seen:
         try:
@@ -108,10 +107,7 @@ def _collect_on_rank(cfg: DictConfig, world: distributed.World) -> None:
             code = e.code if isinstance(e.code, int) else EXIT_FAILED
         except BaseException as e:  # noqa: BLE001
             code = _rank_failure(e, world, seen)
-    logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    distributed.exit_without_teardown(code)
 
 
 def _rank_failure(e: BaseException, world: distributed.World, seen) -> int:

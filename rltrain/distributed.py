@@ -18,9 +18,11 @@ it is alive but silent. Only torch here: spawned collector workers import this m
 from __future__ import annotations
 
 import datetime
+import logging
 import os
 import pickle
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -185,6 +187,17 @@ def raise_failures(store: dist.Store, ranks: Iterable[int]) -> None:
             what, details = pickle.loads(store.get(f"failed/{r}"))
             store.set(f"failure_seen/{r}", "1")
             raise CollectorError(f"collector rank {r} failed while starting: {what}", details=details)
+
+
+def exit_without_teardown(code: int) -> None:
+    """End this process now, its output flushed, skipping the interpreter's teardown: a thread may
+    still wait in gloo (for a push or broadcast that will not come), and tearing down under it
+    aborts the process or holds it up to the wait's timeout. For rltrain's own processes only
+    (collector workers and ranks), whose cleanup is done by then."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def send_frame(group, dst: int, kind: int, payload: torch.Tensor | None = None, arg: int = 0) -> None:

@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rltrain import distributed
 from rltrain.algos.finite import MODES as NONFINITE_ALGO
 from rltrain.algos.networks import ACTIVATIONS
+from rltrain.collectors.distributed import MODES as DISTRIBUTED_MODES
 from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.errors import ConfigError
@@ -61,6 +62,10 @@ def _positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v >= 1
 
 
+def _non_negative_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
 def _non_negative(v) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool) and v >= 0
 
@@ -84,10 +89,9 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("collector.workers", _positive_int, "an integer >= 1", ""),
     ("collector.envs_per_worker", _positive_int, "an integer >= 1", ""),
     ("collector.envs_per_rank", _positive_int, "an integer >= 1", ""),
-    ("collector.workers_per_rank", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
-     "an integer >= 0 (0: a rank steps its envs itself)", ""),
-    ("collector.mode", lambda v: v in ("lockstep", "async"), "lockstep or async", ""),
-    ("sync.listeners", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "an integer >= 0", ""),
+    ("collector.workers_per_rank", _non_negative_int, "an integer >= 0 (0: a rank steps its envs itself)", ""),
+    ("collector.mode", lambda v: v in DISTRIBUTED_MODES, " or ".join(DISTRIBUTED_MODES), ""),
+    ("sync.listeners", _non_negative_int, "an integer >= 0", ""),
     ("sync.bucket_mb", _positive, "a number > 0", ""),
     ("collector.max_lag", lambda v: v is None or (isinstance(v, int) and v >= 0), "an integer >= 0 or null", ""),
     ("collector.start_method", lambda v: v in ("spawn", "forkserver", "fork"), "spawn, forkserver or fork", ""),

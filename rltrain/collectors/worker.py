@@ -15,9 +15,7 @@ Only torch, numpy, gymnasium and rltrain's env, policy, rollout and sync modules
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import signal
-import sys
 import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -26,6 +24,7 @@ import numpy as np
 import torch
 
 from rltrain.collectors.rollout import Rollout
+from rltrain.distributed import exit_without_teardown
 
 _WAKE_S = 0.05  # while waiting: look for new weights (releasing an old slot) and for a dead learner
 _BACKLOG_WAKE_S = 0.002  # while held back by the backlog: look this often whether the learner took a batch
@@ -70,11 +69,7 @@ def worker_main(
         receiver.close()
         if env is not None:
             env.close()
-    # Out without the interpreter's teardown: a thread of the receiver may still wait in C++ for a
-    # push that will not come (sync=distributed's), and tearing down under it aborts the process.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    exit_without_teardown(code)  # a receiver's thread may still wait in gloo (sync=distributed)
 
 
 def serve_lockstep(index: int, conn, env, policy, receiver, arrays: list[dict[str, np.ndarray]]) -> None:

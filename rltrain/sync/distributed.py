@@ -92,22 +92,21 @@ class _DistributedSender(WeightSender):
 
     def start(self) -> None:
         if self._scheme._world is not None:  # collector ranks built their own policy copies: the initial weights
-            try:
-                self._publish(self.version, copy=False)
-            except BaseException:
-                self._broken = True
-                raise
+            self._publish(self.version, copy=False)
 
     def push(self) -> int:
-        try:
-            self._publish(self.version + 1)
-        except BaseException:
-            self._broken = True  # receivers may be stuck mid-broadcast: close must not wait on them
-            raise
+        self._publish(self.version + 1)
         return self.version
 
     def _publish(self, version: int, copy: bool = True) -> None:
         """Broadcast the weights as ``version`` (``copy=False``: what the stage already holds)."""
+        try:
+            self._publish_unguarded(version, copy)
+        except BaseException:
+            self._broken = True  # receivers may be stuck mid-broadcast: close must not wait on them
+            raise
+
+    def _publish_unguarded(self, version: int, copy: bool) -> None:
         if self._group is None:
             self.connect()
         group, timeout_s = self._group, self._scheme.timeout_s
