@@ -25,9 +25,9 @@ ROOT = Path(__file__).resolve().parent.parent
 def run_rltrain(seed: int, width: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "rltrain", "--config-dir", str(ROOT / "recipes"), "--config-name",
-                        "sac_pendulum", f"seed={seed}", f"algo.network.hidden_sizes=[{width},{width}]",
-                        f"algo.critic_hidden_sizes=[{width},{width}]", f"hydra.run.dir={tmp}/run"],
+        subprocess.run([sys.executable, "-m", "rltrain", "+recipe=sac_pendulum", f"seed={seed}",
+                        f"algo.network.hidden_sizes=[{width},{width}]", f"algo.critic_hidden_sizes=[{width},{width}]",
+                        f"hydra.run.dir={tmp}/run"],
                        cwd=ROOT, check=True, capture_output=True)
         wall = time.perf_counter() - t0
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())

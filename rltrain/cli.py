@@ -50,11 +50,13 @@ _PLUGINS = {
                  "submitit_slurm": "hydra-submitit-launcher", "ray": "hydra-ray-launcher", "rq": "hydra-rq-launcher"},
     "sweeper": {"optuna": "hydra-optuna-sweeper", "ax": "hydra-ax-sweeper", "nevergrad": "hydra-nevergrad-sweeper"},
 }
+_SWEEP_EXTRA = {"hydra-optuna-sweeper", "hydra-joblib-launcher", "hydra-submitit-launcher"}  # rltrain[sweep]
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="config")
 def run(cfg: DictConfig) -> float | None:
-    """Train one run; returns the final evaluation return (what an optimizing sweeper maximizes)."""
+    """Train one run; returns its ``objective`` (the final evaluation return unless the config says
+    otherwise), what an optimizing sweeper such as Optuna maximizes."""
     world = distributed.current()
     if world is not None and world.rank != 0:
         return _collect_on_rank(cfg, world)
@@ -92,7 +94,7 @@ def run(cfg: DictConfig) -> float | None:
                  f"resume={run_dir} (plus the same overrides)") if saved else (
                  f"summary.json in {run_dir}; no checkpoint (hooks.checkpoint is off), so it cannot be resumed")
         return _exit(128 + signum, f"stopped by {signum.name}; {where}")
-    return summary["eval_return"]
+    return summary[cfg.get("objective", "eval_return")]
 
 
 def _collect_on_rank(cfg: DictConfig, world: distributed.World) -> None:
@@ -274,8 +276,9 @@ def check_command_line(args: list[str]) -> None:
         m = re.fullmatch(r"[+~]*hydra/(launcher|sweeper)=(\w+)", arg)
         package = m and _PLUGINS[m.group(1)].get(m.group(2))
         if package and importlib.util.find_spec(f"hydra_plugins.{package.replace('-', '_')}") is None:
+            extra = " (or pip install 'rltrain[sweep]')" if package in _SWEEP_EXTRA else ""
             print(f"rltrain: {arg} needs the Hydra plugin {package}, which is not installed: "
-                  f"pip install {package}", file=sys.stderr)
+                  f"pip install {package}{extra}", file=sys.stderr)
             sys.exit(EXIT_REFUSED)
 
 

@@ -36,7 +36,7 @@ from rltrain.run_dir import RunDirLock, claim_unique, earlier_run_in
 from rltrain.state import TrainState
 from rltrain.sync.distributed import CONTACT_FILE
 from rltrain.trainer import Trainer, summarize, write_summary
-from rltrain.validate import WIRING_KEYS, validate
+from rltrain.validate import ENV_TO_ALGO, WIRING_KEYS, validate
 
 log = logging.getLogger("rltrain")
 _SETUP = "setup"  # rank 0 -> collector ranks: the run dir, weights version and seed (or why it was refused)
@@ -110,14 +110,16 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
     device = _resolve_device(cfg.device)
 
     # Plain functools.partial factories of plain values: they pickle into spawned worker processes.
-    make_env = _plain_partial(cfg.env, seed=cfg.seed)
+    make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), seed=cfg.seed)
     env_spec = _probe_spec(make_env)
     make_policy = _plain_partial(cfg.algo.network, env_spec=env_spec)
 
     with ExitStack() as cleanup:
         policy = make_policy().to(device)
+        # The reward scaling of env.normalize_reward happens on the learner: the algo is told.
+        reward_scaling = {k: cfg.env[k] for k in ENV_TO_ALGO if cfg.env.get("normalize_reward") and k in cfg.env}
         algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), policy=policy, device=device,
-                          total_frames=cfg.trainer.total_frames)
+                          total_frames=cfg.trainer.total_frames, **reward_scaling)
         restore.algo(algo, resolved)
         scheme = _construct(cfg.sync)
         sender = restore.sender(scheme, policy)
@@ -168,7 +170,7 @@ def serve_rank(cfg: DictConfig) -> None:
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
     try:
-        make_env = _plain_partial(cfg.env, seed=cfg.seed)
+        make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), seed=cfg.seed)
         env_spec = _probe_spec(make_env)
         make_policy = _plain_partial(cfg.algo.network, env_spec=env_spec)
         receiver = _construct(cfg.sync).receiver()

@@ -73,7 +73,9 @@ class TrainState:
     episodes: int = 0
     recent_returns: deque = field(init=False)  # returns of the last `return_window` finished training episodes
     recent_lengths: deque = field(init=False)
-    eval_return: float | None = None
+    eval_return: float | None = None  # the latest evaluation's mean return
+    eval_return_sum: float = 0.0  # summed over every evaluation of the run, for mean_eval_return
+    evaluations: int = 0
     solved_at_frames: int | None = None
     lag_sum: float = 0.0
     lag_max: int = 0
@@ -89,7 +91,8 @@ class TrainState:
     should_stop: bool = False  # a hook may set this to end the run after the current update
     stop_signal: int | None = None  # SIGINT or SIGTERM asked the run to stop after the current step
 
-    _COUNTERS = ("frames", "batches", "updates", "version", "pushes", "episodes", "eval_return",
+    _COUNTERS = ("frames", "batches", "updates", "version", "pushes", "episodes", "eval_return", "eval_return_sum",
+                 "evaluations",
                  "solved_at_frames", "lag_sum", "lag_max", "dropped_batches", "dropped_frames", "nonfinite_frames",
                  "skipped_steps",
                  "mid_update_frames")
@@ -130,6 +133,11 @@ class TrainState:
     def train_return(self) -> float | None:
         """Mean return of the last ``return_window`` finished training episodes."""
         return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+    @property
+    def mean_eval_return(self) -> float | None:
+        """The mean of every evaluation of the run: the area under its eval curve per evaluation."""
+        return self.eval_return_sum / self.evaluations if self.evaluations else None
 
     @property
     def train_length(self) -> float | None:

@@ -225,6 +225,10 @@ class Trainer:
             raise stopped_at_once
 
 
+# What ``python -m rltrain`` may return to a sweeper (the ``objective`` key): keys of summary.json.
+OBJECTIVES = ("eval_return", "mean_eval_return", "train_return")
+
+
 def summarize(s: TrainState, status: str, stop_at_return: float | None) -> dict[str, Any]:
     """What summary.json holds for a run in state ``s`` (also for one that failed to start)."""
     wall = s.timer.elapsed()
@@ -236,6 +240,8 @@ def summarize(s: TrainState, status: str, stop_at_return: float | None) -> dict[
         "wall_time_s": round(wall, 3),
         "fps": round(s.frames / wall, 1) if wall > 0 else 0.0,
         "eval_return": s.eval_return,
+        "mean_eval_return": s.mean_eval_return,
+        "evaluations": s.evaluations,
         "train_return": s.train_return,
         "time": s.timer.breakdown(),
         "time_hooks": s.timer.hook_breakdown(),

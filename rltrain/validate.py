@@ -28,7 +28,7 @@ from rltrain.hooks.base import SCHEDULE_UNITS
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector, missing_members
 from rltrain.sync.base import WeightSyncScheme
-from rltrain.trainer import Trainer
+from rltrain.trainer import OBJECTIVES, Trainer
 
 CONFIGS = Path(__file__).parent / "configs"
 
@@ -37,14 +37,16 @@ INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger}
 
 # The top level of rltrain's config: its own keys and its config groups (config.yaml). Anything
 # else there is a typo (``+trainer.total_frame=...`` adds a key nothing reads); ``hydra`` is Hydra's.
-TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "trainer", "algo", "env", "collector", "sync", "logger",
-                  "hooks", "hydra")
+TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "objective", "trainer", "algo", "env", "collector", "sync",
+                  "logger", "hooks", "hydra")
 # Keys that build() consumes itself rather than passing to the node's _target_.
-WIRING_KEYS = {"algo": {"network"}}
+WIRING_KEYS = {"algo": {"network"}, "env": {"normalize_reward", "clip_reward"}}
+# env keys that build() hands to the algo (the learner scales rewards, whichever process stepped the env).
+ENV_TO_ALGO = ("normalize_reward", "clip_reward")
 # Arguments build() passes at instantiate time; a config must not set them.
 RUNTIME_ARGS = {
     "env": {"seed"},
-    "algo": {"policy", "total_frames", "device"},
+    "algo": {"policy", "total_frames", "device", *ENV_TO_ALGO},
     "algo.network": {"env_spec"},
     "collector": {"make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender"},
     "logger": {"run_dir", "config", "resume"},
@@ -77,6 +79,8 @@ def _unit(v) -> bool:
 # (key, check, what is allowed, optional hint). A rule applies when its key is in the config.
 RULES: list[tuple[str, Callable, str, str]] = [
     ("seed", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", ""),
+    ("objective", lambda v: v in OBJECTIVES, " or ".join(OBJECTIVES),
+     "; it names the summary.json value a sweeper optimizes"),
     ("threads", lambda v: v is None or _positive_int(v), "an integer >= 1 or null", ""),
     ("trainer.total_frames", _positive_int, "an integer >= 1", ""),
     ("trainer.return_window", _positive_int, "an integer >= 1", ""),
@@ -84,6 +88,8 @@ RULES: list[tuple[str, Callable, str, str]] = [
      "a number, auto (the env's reward threshold) or null (never stop early)", ""),
     ("env.num_envs", _positive_int, "an integer >= 1", ""),
     ("env.nonfinite", lambda v: v in NONFINITE_ENV, " or ".join(NONFINITE_ENV), ""),
+    ("env.normalize_reward", lambda v: isinstance(v, bool), "true or false", ""),
+    ("env.clip_reward", lambda v: v is None or _positive(v), "a number > 0, or null (no clip)", ""),
     ("algo.nonfinite", lambda v: v in NONFINITE_ALGO, " or ".join(NONFINITE_ALGO), ""),
     ("collector.frames_per_batch", _positive_int, "an integer >= 1", ""),
     ("collector.workers", _positive_int, "an integer >= 1", ""),
@@ -164,6 +170,8 @@ def validate(cfg: DictConfig) -> None:
     for group in ("logger", "hooks"):
         for name in (cfg.get(group) or {}):
             _check_node(cfg, f"{group}.{name}", required=True, runtime_group=group)
+    for name, node in (cfg.get("logger") or {}).items():
+        _check_requires(f"logger.{name}", _import_target(f"logger.{name}", node._target_))
     for name, hook in (cfg.get("hooks") or {}).items():
         _check_schedule(f"hooks.{name}.every", hook.get("every"))
     _check_cross(cfg)
@@ -343,6 +351,17 @@ def _check_env(cfg: DictConfig) -> None:
             f"algo={algo_cls.__name__} supports {' and '.join(supported)} action spaces, but env.id={env_id!r} has "
             f"{'a Discrete' if spec.discrete else 'a Box'} one; use algo=ppo for discrete actions"
         )
+    if cfg.env.get("normalize_reward") and "normalize_reward" not in inspect.signature(algo_cls).parameters:
+        raise ConfigError(f"env.normalize_reward=true, but algo={algo_cls.__name__} does not scale rewards (its "
+                          "constructor takes no normalize_reward); use algo=ppo, or env.normalize_reward=false")
+
+
+def _check_requires(path: str, cls: type) -> None:
+    """The packages a logger imports once it starts (its ``REQUIRES``) are installed."""
+    for package, install in capability(cls, Logger, "REQUIRES").items():
+        if importlib.util.find_spec(package) is None:
+            raise ConfigError(f"{path} ({cls.__name__}) needs {package}, which is not installed: {install} "
+                              f"(or leave {path.split('.')[-1]} out of logger=[...])")
 
 
 def _check_video(cfg: DictConfig) -> None:

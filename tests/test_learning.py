@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from rltrain import build
-from tests.conftest import ROOT, make_config, run_cli
+from tests.conftest import make_config, run_cli
 
 
 def train(tmp_path, *overrides):
@@ -29,8 +29,7 @@ def test_without_weight_pushes_the_collector_never_improves(tmp_path):
 
 
 def test_the_pendulum_recipe_learns_continuous_control(tmp_path):
-    result = run_cli("--config-dir", str(ROOT / "recipes"), "--config-name", "ppo_pendulum", "hydra.run.dir=run",
-                     cwd=tmp_path)
+    result = run_cli("+recipe=ppo_pendulum", "hydra.run.dir=run", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["frames"] >= 100_000

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gymnasium as gym
 import numpy as np
+import pytest
 import torch
+from gymnasium.wrappers import NormalizeReward
 from torch.distributions import Categorical, Normal
 
 from rltrain.algos import ActorCritic
-from rltrain.envs import BatchedEnv, ObsNormalizer
+from rltrain.envs import BatchedEnv, ObsNormalizer, ReturnNormalizer
 
 
 def test_gaussian_log_prob_and_entropy_match_torch_distributions():
@@ -47,3 +50,41 @@ def test_obs_normalizer_matches_the_statistics_of_everything_seen():
     np.testing.assert_allclose(norm.mean.numpy(), everything.mean(0), rtol=1e-5)
     np.testing.assert_allclose(norm.var.numpy(), everything.var(0), rtol=1e-4)
     assert norm.count.item() == len(everything)
+
+
+def test_return_normalizer_scales_rewards_as_gymnasiums_normalize_reward():
+    # A stream with no episode end, one step per batch: gymnasium's wrapper and the learner-side
+    # normalizer see the same discounted returns and divide by the same running std.
+    class Rewards(gym.Env):  # plays back a list of rewards, never ending
+        observation_space = action_space = gym.spaces.Box(-1, 1, (1,))
+
+        def __init__(self, rewards):
+            self.rewards, self.t = rewards, 0
+
+        def step(self, action):
+            self.t += 1
+            return np.zeros(1), float(self.rewards[self.t - 1]), False, False, {}
+
+    rewards = np.random.default_rng(0).normal(3.0, 2.0, size=300)
+    theirs = NormalizeReward(Rewards(rewards), gamma=0.99)
+    ours = ReturnNormalizer(gamma=0.99, clip=None)
+    for r in rewards:
+        expected = theirs.step(np.zeros(1))[1]
+        got = ours(torch.tensor([[r]], dtype=torch.float32), torch.zeros(1, 1, dtype=torch.bool))
+        np.testing.assert_allclose(got.numpy()[0], expected, rtol=1e-5)
+
+
+def test_return_normalizer_restarts_returns_at_episode_ends_and_clips():
+    norm = ReturnNormalizer(gamma=0.5, clip=2.0)
+    reward = torch.ones(4, 2)
+    done = torch.tensor([[False, False], [True, False], [False, False], [False, False]])
+    norm(reward, done)
+    # Column 0 ended after step 1: its return restarted (1, 1.5 | 1, 1.5); column 1 never ended.
+    assert norm.state_dict()["carry"].tolist() == [1.5, 1.875]
+    assert norm.count == pytest.approx(8 + 1e-4)
+    huge = norm(torch.full((1, 2), 1e6), torch.zeros(1, 2, dtype=torch.bool))
+    assert huge.tolist() == [[2.0, 2.0]]  # clipped to +-clip after scaling
+    restored = ReturnNormalizer(gamma=0.5, clip=2.0)
+    restored.load_state_dict(norm.state_dict())
+    assert restored.scale == norm.scale
+    assert restored.state_dict()["carry"].tolist() == norm.state_dict()["carry"].tolist()

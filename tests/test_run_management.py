@@ -102,6 +102,21 @@ def test_lock_step_workers_resume_exactly_and_async_ones_on_fresh_episodes(tmp_p
     assert "envs start fresh episodes" in caplog.text
 
 
+def test_reward_normalization_statistics_are_one_set_for_all_workers_and_resume_exactly(tmp_path):
+    run = (*PPO_RUN, "env=pendulum", "env.normalize_reward=true", "collector=lockstep", "collector.workers=2",
+           "collector.envs_per_worker=4")
+    build(make_config(*run), run_dir=tmp_path / "full").fit()
+    build(make_config(*run, *signal_at(5000)), run_dir=tmp_path / "split").fit()
+    saved = checkpoint.load(checkpoint.listing(tmp_path / "split")[-1])["algo"]["reward_norm"]
+    assert saved["count"] == pytest.approx(5120, abs=1e-3)  # every frame of both workers, in one set
+    assert saved["carry"].shape == (8,)  # each env's discounted return so far
+    build(make_config(*run, f"resume={tmp_path / 'split'}")).fit()
+    rows = learning_rows(tmp_path / "split")
+    assert rows == learning_rows(tmp_path / "full")
+    scales = [row.get("ppo/reward_scale") for row in rows if "loss/policy" in row]
+    assert None not in scales and len(set(scales)) > 1  # logged with every update's metrics, and it adapts
+
+
 LONG_UPDATES = {  # updates of ~2,000 gradient steps each: a stop request lands in the middle of one
     "sac": ("algo=sac", "env=pendulum", "env.num_envs=4", "collector.frames_per_batch=200", "algo.warmup_frames=200",
             "algo.utd=10", "algo.batch_size=32", "algo.network.hidden_sizes=[32,32]",

@@ -13,7 +13,7 @@ from rltrain.algos import SAC, SquashedGaussianActor
 from rltrain.data import ReplayBuffer
 from rltrain.envs import BatchedEnv
 from rltrain.errors import ConfigError
-from tests.conftest import ROOT, make_config, run_cli
+from tests.conftest import make_config, run_cli
 
 
 def frames(start: int, n: int) -> TensorDict:
@@ -144,8 +144,7 @@ def test_warmup_acts_uniformly_and_the_first_push_after_it_switches_collectors_t
 
 @pytest.mark.slow
 def test_the_sac_pendulum_recipe_solves_pendulum_within_20k_frames(tmp_path):
-    result = run_cli("--config-dir", str(ROOT / "recipes"), "--config-name", "sac_pendulum", "hydra.run.dir=run",
-                     cwd=tmp_path, timeout=600)
+    result = run_cli("+recipe=sac_pendulum", "hydra.run.dir=run", cwd=tmp_path, timeout=600)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["solved"] is True and summary["train_return"] >= -200

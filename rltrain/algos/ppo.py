@@ -18,6 +18,7 @@ from rltrain.algos.advantages import gae
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
 from rltrain.algos.pending import to_device
+from rltrain.envs.normalization import ReturnNormalizer
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -48,6 +49,8 @@ class PPO:
         target_kl: float | None = None,  # stop the epochs early once the approximate KL exceeds this
         adam_eps: float = 1e-5,  # Adam epsilon
         nonfinite: str = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
+        normalize_reward: bool = False,  # set from env.normalize_reward: rewards / std of the discounted return
+        clip_reward: float | None = 10.0,  # set from env.clip_reward: normalized rewards clipped to +-this
     ):
         self.policy = policy
         self.device = torch.device(device)
@@ -62,6 +65,8 @@ class PPO:
         self._params = list(policy.parameters())
         self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, fused=True)
         self.guard = NonFiniteGuard({"ppo": self.optimizer}, nonfinite, self.device)
+        # On the learner, so every env (in-process, in workers, on other ranks) is scaled alike.
+        self.reward_norm = ReturnNormalizer(gamma, clip_reward) if normalize_reward else None
         self.frames = 0
         self._pending: dict | None = None  # the update under way: its data and how far it got
 
@@ -69,7 +74,8 @@ class PPO:
         """Everything a resumed run needs: weights (obs statistics included), optimizer, lr position,
         and the rest of an update that a stop request interrupted (PPO keeps no replay buffer)."""
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "frames": self.frames,
-                "nonfinite": self.guard.state_dict(), "pending": self._pending}
+                "nonfinite": self.guard.state_dict(), "pending": self._pending,
+                "reward_norm": self.reward_norm.state_dict() if self.reward_norm else None}
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
@@ -77,6 +83,8 @@ class PPO:
         self.frames = state["frames"]
         self.guard.load_state_dict(state.get("nonfinite"))  # None from an older rltrain: counting starts now
         self._pending = to_device(state.get("pending"), self.device)
+        if self.reward_norm is not None and state.get("reward_norm") is not None:
+            self.reward_norm.load_state_dict(state["reward_norm"])
 
     def update(self, batch: TensorDict | None, should_stop: Callable[[], bool] = lambda: False) -> dict | None:
         """One PPO update on a ``[T, N]`` batch from a collector; returns loss and diagnostic metrics.
@@ -96,12 +104,13 @@ class PPO:
         self.frames += batch.numel()
 
         # Advantages with the current critic for the whole batch, bootstrapping from ("next", "observation").
-        obs, action = batch["observation"], batch["action"]
+        obs, action, reward = batch["observation"], batch["action"], batch["reward"]
+        if self.reward_norm is not None:
+            reward = self.reward_norm(reward, batch["done"])
         with torch.no_grad():
             value = policy.value(obs)
             next_value = policy.value(batch["next", "observation"])
-            advantages = gae(batch["reward"], value, next_value, batch["terminated"], batch["done"],
-                             self.gamma, self.gae_lambda)
+            advantages = gae(reward, value, next_value, batch["terminated"], batch["done"], self.gamma, self.gae_lambda)
             returns = advantages + value
         obs, action = obs.flatten(0, 1), action.flatten(0, 1)
         return {"obs": obs, "action": action, "old_log_prob": batch["log_prob"].flatten(), "old_value": value.flatten(),
@@ -176,6 +185,8 @@ class PPO:
             "ppo/explained_variance": explained_var.item(),
             "ppo/lr": self.optimizer.param_groups[0]["lr"],
         }
+        if self.reward_norm is not None:
+            metrics["ppo/reward_scale"] = self.reward_norm.scale
         if skipped := self.guard.report():
             metrics["nonfinite/skipped_steps"] = skipped
         return metrics

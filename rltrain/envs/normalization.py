@@ -42,3 +42,59 @@ class ObsNormalizer(nn.Module):
         m2 = self.var * self.count + batch_var * n + delta.square() * self.count * n / total
         self.var.copy_(m2 / total)
         self.count.copy_(total)
+
+
+class ReturnNormalizer:
+    """Rewards divided by the running std of the discounted return, then clipped to +-clip: the
+    return-based scaling of gymnasium's ``NormalizeReward`` (and SB3's ``VecNormalize``).
+
+    It runs on the learner, over ``[T, N]`` batches: one set of statistics for every env, whether
+    the envs run in-process, in worker processes or on other ranks, and it goes into checkpoints
+    (``state_dict``). Each env column's discounted return carries over from one batch to the next
+    and restarts when its episode ends (gymnasium's restarts on termination only). With async
+    collectors, batches of different workers share their columns' carry: the statistics stay
+    one set for all envs, and a carry decays within ~1/(1 - gamma) steps of a batch's start.
+    """
+
+    def __init__(self, gamma: float, clip: float | None = 10.0, eps: float = 1e-8):
+        self.gamma, self.clip, self.eps = gamma, clip, eps
+        # As gymnasium's RunningMeanStd starts: a prior of variance 1 with a tiny weight.
+        self.mean, self.var, self.count = 0.0, 1.0, 1e-4
+        self._carry: torch.Tensor | None = None  # each env column's discounted return so far
+
+    @property
+    def scale(self) -> float:
+        """What rewards are divided by (the std of the discounted return)."""
+        return (self.var + self.eps) ** 0.5
+
+    @torch.no_grad()
+    def __call__(self, reward: torch.Tensor, done: torch.Tensor) -> torch.Tensor:
+        """Fold the batch's discounted returns into the statistics; return its rewards scaled."""
+        if self._carry is None or self._carry.shape != reward.shape[1:]:
+            self._carry = torch.zeros(reward.shape[1:], dtype=torch.float64)
+        running = self._carry.to(reward.device)
+        not_done = (~done).to(running.dtype)
+        returns = torch.empty(reward.shape, dtype=running.dtype, device=reward.device)
+        for t in range(reward.shape[0]):
+            running = running * self.gamma + reward[t]
+            returns[t] = running
+            running = running * not_done[t]
+        self._carry = running.cpu()
+        self._fold(returns.flatten())
+        scaled = reward / self.scale
+        return scaled if self.clip is None else scaled.clamp(-self.clip, self.clip)
+
+    def _fold(self, returns: torch.Tensor) -> None:
+        """Parallel Welford update of (mean, var, count) with a batch of returns."""
+        n = returns.numel()
+        batch_mean, batch_var = returns.mean().item(), returns.var(unbiased=False).item()
+        total = self.count + n
+        delta = batch_mean - self.mean
+        m2 = self.var * self.count + batch_var * n + delta * delta * self.count * n / total
+        self.mean, self.var, self.count = self.mean + delta * n / total, m2 / total, total
+
+    def state_dict(self) -> dict:
+        return {"mean": self.mean, "var": self.var, "count": self.count, "carry": self._carry}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.mean, self.var, self.count, self._carry = state["mean"], state["var"], state["count"], state["carry"]

@@ -58,6 +58,8 @@ class EvalHook(Hook):
             self._env = self.make_env(num_envs=self.episodes)
         returns, lengths = self._run_episodes(self._env)
         state.eval_return, self._evaluated_at = float(returns.mean()), state.frames
+        state.eval_return_sum += state.eval_return
+        state.evaluations += 1
         # The latest, not a mean over the log row: the last row and summary.json show the same return.
         state.window.set({"eval/return": state.eval_return, "eval/episode_length": float(lengths.mean())})
         if self.video:
