@@ -52,7 +52,8 @@ BAD_INPUT = [
     (["device=tpu"], "device must be cpu, cuda, cuda:N or auto"),
     (["env.id=ALE/Pong-v5"], "env.id='ALE/Pong-v5'"),
     # Keys nothing reads, anywhere in rltrain's own sections, with the closest valid one.
-    (["+foo=1"], "foo is not a top-level key of rltrain's config (valid: seed, device, threads, resume, objective, trainer,"),
+    (["+foo=1"], "foo is not a top-level key of rltrain's config (valid: seed, device, threads, resume, objective, "
+                 "trainer,"),
     (["+sed=1"], "sed is not a top-level key of rltrain's config; did you mean seed?"),
     (["+trainer.total_frame=100"], "trainer.total_frame is not a key of trainer (the arguments of rltrain.Trainer); "
                                    "did you mean trainer.total_frames?"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -13,6 +14,10 @@ class Logger:
     ``state_dict()`` plus ``frames`` (where the checkpoint was taken): rows past it were written
     after the checkpoint and are dropped, so the record continues without gap or duplicate.
     """
+
+    # The packages it imports once it starts, each with the command that installs it: validate checks
+    # they are there before anything starts (a logger imports them late, so that its module imports without).
+    REQUIRES: Mapping[str, str] = {}
 
     def log(self, row: dict[str, float], step: int) -> None:
         raise NotImplementedError

@@ -35,6 +35,8 @@ def _has_credentials() -> bool:
 
 
 class WandbLogger(Logger):
+    REQUIRES = {"wandb": "pip install wandb"}
+
     def __init__(
         self,
         run_dir: str | Path,
