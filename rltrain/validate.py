@@ -39,10 +39,10 @@ INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger}
 # else there is a typo (``+trainer.total_frame=...`` adds a key nothing reads); ``hydra`` is Hydra's.
 TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "objective", "trainer", "algo", "env", "collector", "sync",
                   "logger", "hooks", "hydra")
-# Keys that build() consumes itself rather than passing to the node's _target_.
-WIRING_KEYS = {"algo": {"network"}, "env": {"normalize_reward", "clip_reward"}}
 # env keys that build() hands to the algo (the learner scales rewards, whichever process stepped the env).
 ENV_TO_ALGO = ("normalize_reward", "clip_reward")
+# Keys that build() consumes itself rather than passing to the node's _target_.
+WIRING_KEYS = {"algo": {"network"}, "env": set(ENV_TO_ALGO)}
 # Arguments build() passes at instantiate time; a config must not set them.
 RUNTIME_ARGS = {
     "env": {"seed"},
