@@ -74,9 +74,9 @@ def _is_worker_of(pid: int, parent: int) -> bool:
 
 def test_a_stuck_worker_says_which_key_to_raise(tmp_path):
     result = run_cli(*FAULTY, "+env.kwargs.fault=hang", "+env.kwargs.at_step=40", "collector=lockstep",
-                     "collector.timeout_s=2", cwd=tmp_path)
+                     "collector.timeout_s=5", cwd=tmp_path)  # 5 s: the workers start within it too
     assert_failed(result.returncode, result.stderr, "after 512 frames",
-                  r"CollectorError: no 'batch' message from collector worker\(s\) \[0, 1\] within 2(\.0)?s "
+                  r"CollectorError: no 'batch' message from collector worker\(s\) \[0, 1\] within 5(\.0)?s "
                   r"\(collector.timeout_s\); they are alive but stuck \(pids \d+, \d+; a tests.toy_envs:Faulty-v0 "
                   r"step or reset that never returns\?\). If the env is just slow, raise collector.timeout_s",
                   tmp_path / "run")
