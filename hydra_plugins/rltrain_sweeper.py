@@ -25,35 +25,33 @@ class CheckedSweeper(BasicSweeper):
     """The basic sweeper (every combination of the swept values) with rltrain's config checks up front."""
 
     def sweep(self, arguments: list[str]) -> Any:
-        self._check_every_job(arguments)
         overrides = OverridesParser.create(config_loader=self.hydra_context.config_loader).parse_overrides(
             [*self._parse_config(), *arguments])
         self.overrides = self.split_arguments(overrides, self.max_batch_size)
+        self._check_every_job([job for batch in self.overrides for job in batch])
         sweep_dir = Path(self.config.hydra.sweep.dir)
         sweep_dir.mkdir(parents=True, exist_ok=True)
         OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
         # As BasicSweeper.sweep, but a failed job does not stop the batches after it.
         returns: list[list[JobReturn]] = []
         failed: list[tuple[int, JobReturn]] = []
+        first = 0  # the number of the batch's first job
         while not self.is_done():
             batch = self.get_job_batch()
             self.validate_batch_is_legal(batch)
-            first = sum(len(r) for r in returns)
             results = list(self.launcher.launch(batch, initial_job_idx=first))
             failed += [(first + i, r) for i, r in enumerate(results) if r.status == JobStatus.FAILED]
             returns.append(results)
+            first += len(batch)
         if failed:
             _report_failed(failed, [r for batch in returns for r in batch])
         return returns
 
-    def _check_every_job(self, arguments: list[str]) -> None:
+    def _check_every_job(self, jobs: list[list[str]]) -> None:
         """Compose and validate every job's config as its launch will; exit 2 naming the first bad one."""
         from rltrain.errors import ConfigError
         from rltrain.validate import check_resume_in_sweep, validate
 
-        parser = OverridesParser.create(config_loader=self.hydra_context.config_loader)
-        overrides = parser.parse_overrides([*self._parse_config(), *arguments])
-        jobs = [job for batch in self.split_arguments(overrides, None) for job in batch]
         master = HydraConfig.instance().cfg
         try:
             for num, job in enumerate(jobs):

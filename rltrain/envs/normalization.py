@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+Moment = float | torch.Tensor  # a statistic: a Python float or a tensor of them
+
 
 class ObsNormalizer(nn.Module):
     """(obs - mean) / std with running statistics (parallel Welford update), clipped to +-clip."""
@@ -33,15 +35,21 @@ class ObsNormalizer(nn.Module):
         if not self.enabled:
             return
         obs = obs.reshape(-1, *self.mean.shape).to(self.mean.dtype)
-        n = obs.shape[0]
-        batch_mean = obs.mean(0)
-        batch_var = obs.var(0, unbiased=False)
-        total = self.count + n
-        delta = batch_mean - self.mean
-        self.mean += delta * n / total
-        m2 = self.var * self.count + batch_var * n + delta.square() * self.count * n / total
-        self.var.copy_(m2 / total)
-        self.count.copy_(total)
+        mean, var, count = merge_moments(self.mean, self.var, self.count, obs.mean(0), obs.var(0, unbiased=False),
+                                         obs.shape[0])
+        self.mean.copy_(mean)
+        self.var.copy_(var)
+        self.count.copy_(count)
+
+
+def merge_moments(mean: Moment, var: Moment, count: Moment, batch_mean: Moment, batch_var: Moment,
+                  n: int) -> tuple[Moment, Moment, Moment]:
+    """(mean, var, count) of everything seen, given those of the past and of a new batch of ``n``
+    (the parallel Welford update); works on floats and tensors alike."""
+    total = count + n
+    delta = batch_mean - mean
+    m2 = var * count + batch_var * n + delta * delta * count * n / total
+    return mean + delta * n / total, m2 / total, total
 
 
 class ReturnNormalizer:
@@ -85,13 +93,8 @@ class ReturnNormalizer:
         return scaled if self.clip is None else scaled.clamp(-self.clip, self.clip)
 
     def _fold(self, returns: torch.Tensor) -> None:
-        """Parallel Welford update of (mean, var, count) with a batch of returns."""
-        n = returns.numel()
-        batch_mean, batch_var = returns.mean().item(), returns.var(unbiased=False).item()
-        total = self.count + n
-        delta = batch_mean - self.mean
-        m2 = self.var * self.count + batch_var * n + delta * delta * self.count * n / total
-        self.mean, self.var, self.count = self.mean + delta * n / total, m2 / total, total
+        self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, returns.mean().item(),
+                                                        returns.var(unbiased=False).item(), returns.numel())
 
     def state_dict(self) -> dict:
         return {"mean": self.mean, "var": self.var, "count": self.count, "carry": self._carry}
