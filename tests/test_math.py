@@ -10,6 +10,7 @@ from gymnasium.wrappers import NormalizeReward
 from torch.distributions import Categorical, Normal
 
 from rltrain.algos import ActorCritic
+from rltrain.algos.advantages import gae
 from rltrain.envs import BatchedEnv, ObsNormalizer, ReturnNormalizer
 
 
@@ -88,3 +89,27 @@ def test_return_normalizer_restarts_returns_at_episode_ends_and_clips():
     restored.load_state_dict(norm.state_dict())
     assert restored.scale == norm.scale
     assert restored.state_dict()["carry"].tolist() == norm.state_dict()["carry"].tolist()
+
+
+def gae_by_the_book(reward, value, next_value, terminated, done, gamma, gae_lambda):
+    """The recursion as Schulman et al. write it, one step at a time, backwards."""
+    not_terminated, not_done = (~terminated).to(value.dtype), (~done).to(value.dtype)
+    delta = reward + gamma * next_value * not_terminated - value
+    advantages, running = torch.empty_like(value), torch.zeros_like(value[0])
+    for t in range(value.shape[0] - 1, -1, -1):
+        running = delta[t] + gamma * gae_lambda * not_done[t] * running
+        advantages[t] = running
+    return advantages
+
+
+@pytest.mark.parametrize("steps,envs", [(1, 1), (2, 3), (7, 2), (512, 1), (512, 32), (1000, 5)])
+def test_gae_scan_gives_the_recursions_advantages(steps, envs):
+    g = torch.Generator().manual_seed(steps * envs)
+    reward, value, next_value = (torch.randn(steps, envs, generator=g, dtype=torch.float64) for _ in range(3))
+    done = torch.rand(steps, envs, generator=g) < 0.1
+    terminated = done & (torch.rand(steps, envs, generator=g) < 0.5)  # the rest of the dones are truncations
+    expected = gae_by_the_book(reward, value, next_value, terminated, done, 0.99, 0.95)
+    got = gae(reward, value, next_value, terminated, done, 0.99, 0.95)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    got32 = gae(reward.float(), value.float(), next_value.float(), terminated, done, 0.99, 0.95)
+    torch.testing.assert_close(got32, expected.float(), rtol=1e-5, atol=1e-5)
