@@ -141,6 +141,16 @@ class PPO:
         loss = policy_loss - self.ent_coef * entropy_loss + self.vf_coef * value_loss
         return loss, torch.stack([policy_loss, value_loss, entropy_loss]).detach(), ratio, log_ratio
 
+    def _step(self, p: dict, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One gradient step on the minibatch ``idx``: (the loss's parts, ratio, log ratio)."""
+        loss, parts, ratio, log_ratio = self._loss(p, idx)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True)
+        self.guard.check("ppo", loss, grad_norm=grad_norm)  # a NaN/inf step is skipped
+        self.optimizer.step()
+        return parts, ratio, log_ratio
+
     def _optimize(self, p: dict, should_stop: Callable[[], bool]) -> dict | None:
         """The epochs of minibatch steps, from where ``p`` (the pending update) got to."""
         while p["epoch"] < self.epochs:
@@ -151,12 +161,7 @@ class PPO:
                 if should_stop():
                     p["next"] = k
                     return None
-                loss, parts, ratio, log_ratio = self._loss(p, minibatches[k])
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True)
-                self.guard.check("ppo", loss, grad_norm=grad_norm)  # a NaN/inf step is skipped
-                self.optimizer.step()
+                parts, ratio, log_ratio = self._step(p, minibatches[k])
                 p["losses"].append(parts)
 
             # Diagnostics on the epoch's last minibatch (per minibatch they would cost ~5% of the update).

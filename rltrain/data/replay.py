@@ -37,9 +37,13 @@ class ReplayBuffer:
             self.storage = frames[0].to(self.device).expand(self.capacity).clone()
         if n >= self.capacity:  # only the newest `capacity` frames survive
             frames, n = frames[-self.capacity:], self.capacity
-        idx = (torch.arange(n) + self.cursor) % self.capacity
-        self.storage[idx.to(self.device)] = frames.to(self.device)
-        self.cursor = (self.cursor + n) % self.capacity
+        frames, start, end = frames.to(self.device), self.cursor, self.cursor + n
+        if end <= self.capacity:  # contiguous slots: copies, not a scatter
+            self.storage[start:end] = frames
+        else:  # wraps around the end of the ring
+            self.storage[start:] = frames[: self.capacity - start]
+            self.storage[: end - self.capacity] = frames[self.capacity - start:]
+        self.cursor = end % self.capacity
         self.size = min(self.size + n, self.capacity)
 
     def state_dict(self) -> dict:
