@@ -1,6 +1,6 @@
 """stable-baselines3 SAC on Pendulum-v1 (lr 1e-3, batch 256, one gradient step per env step),
 stopping at the same rule as rltrain (mean of the last 10 training episodes >= -200).
-Prints one JSON line. Run by sac_pendulum_solve.py as a whole process.
+Prints one JSON line. Run by the end_to_end category as a whole process.
 """
 
 import argparse
@@ -8,20 +8,7 @@ import json
 import time
 
 from stable_baselines3 import SAC
-from stable_baselines3.common.callbacks import BaseCallback
-
-
-class StopAtReturn(BaseCallback):
-    def __init__(self, threshold: float, window: int = 10):
-        super().__init__()
-        self.threshold, self.window, self.solved_at = threshold, window, None
-
-    def _on_step(self) -> bool:
-        episodes = list(self.model.ep_info_buffer)[-self.window:]
-        if len(episodes) == self.window and sum(e["r"] for e in episodes) / self.window >= self.threshold:
-            self.solved_at = self.num_timesteps
-            return False
-        return True
+from stop_at_return import StopAtReturn  # this folder is on sys.path: run as a script
 
 
 def main() -> None:

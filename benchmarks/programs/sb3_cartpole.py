@@ -1,7 +1,7 @@
 """stable-baselines3 PPO on CartPole-v1 with RL-Zoo's tuned hyperparameters, stopping at the
 same rule as rltrain (mean of the last 10 training episodes >= 475). Prints one JSON line.
 
-Run by cartpole_solve.py as a whole process; alone: python benchmarks/sb3_cartpole.py --seed 0
+Run by the end_to_end category as a whole process; alone: python benchmarks/programs/sb3_cartpole.py --seed 0
 """
 
 import argparse
@@ -11,21 +11,8 @@ import time
 t_start = time.perf_counter()
 
 from stable_baselines3 import PPO  # noqa: E402
-from stable_baselines3.common.callbacks import BaseCallback  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
-
-
-class StopAtReturn(BaseCallback):
-    def __init__(self, threshold: float, window: int = 10):
-        super().__init__()
-        self.threshold, self.window, self.solved_at = threshold, window, None
-
-    def _on_step(self) -> bool:
-        episodes = list(self.model.ep_info_buffer)[-self.window:]
-        if len(episodes) == self.window and sum(e["r"] for e in episodes) / self.window >= self.threshold:
-            self.solved_at = self.num_timesteps
-            return False
-        return True
+from stop_at_return import StopAtReturn  # noqa: E402  (this folder is on sys.path: run as a script)
 
 
 def linear(start: float):

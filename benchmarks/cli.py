@@ -1,0 +1,84 @@
+"""``python -m benchmarks``: rltrain beside its peers (TorchRL, stable-baselines3) and the raw floor,
+one table per category, medians with their p10-p90 spread and the ratio to each peer."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import platform
+import sys
+import time
+from datetime import datetime, timezone
+
+from benchmarks.context import Context
+
+# In the order they run; `learning` (SAC HalfCheetah for 100k frames, about an hour) only when named.
+CATEGORIES = ["advantage", "losses", "replay", "collection", "weight_sync", "end_to_end", "checkpoint", "scale_out"]
+ON_REQUEST = ["learning"]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
+    p.add_argument("--quick", action="store_true", help="few rounds and small sizes: a smoke run (CI, ~3 min)")
+    p.add_argument("--only", default=None,
+                   help=f"comma-separated categories: {', '.join(CATEGORIES + ON_REQUEST)} (default: all but "
+                        f"{', '.join(ON_REQUEST)})")
+    p.add_argument("--compare", default="torchrl,sb3", help="peers to run beside rltrain, or 'none'")
+    p.add_argument("--peer-python", default=None,
+                   help="a Python with the peers installed (e.g. a venv with torchrl, which pins tensordict<0.15); "
+                        "peers importable here run in this process")
+    p.add_argument("--threads", type=int, default=1, help="torch threads in every measured process (default 1)")
+    p.add_argument("--json", default=None, help="also write every figure to this JSON file")
+    args = p.parse_args(argv)
+    names = CATEGORIES if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
+    unknown = [n for n in names if n not in CATEGORIES + ON_REQUEST]
+    if unknown:
+        p.error(f"--only: unknown categories {', '.join(unknown)} (choose from {', '.join(CATEGORIES + ON_REQUEST)})")
+    args.categories = names
+    args.peers = [] if args.compare.strip() == "none" else [n.strip() for n in args.compare.split(",") if n.strip()]
+    return args
+
+
+def versions() -> dict:
+    import gymnasium
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__, "gymnasium": gymnasium.__version__,
+            "cpus": os.cpu_count(), "machine": platform.machine()}
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    ctx = Context(args.quick, args.peers, args.peer_python, args.threads)
+    meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **versions(),
+            "quick": args.quick, "threads": args.threads,
+            "peers": {n: p.missing or f"{p.module} in {p.python or 'this process'}" for n, p in ctx.peers.items()}}
+    print(f"rltrain benchmarks, {meta['date']}: {meta['cpus']} CPUs, torch {meta['torch']}, "
+          f"gymnasium {meta['gymnasium']}, Python {meta['python']}, torch threads {args.threads}"
+          f"{', quick' if args.quick else ''}")
+    for name, peer in ctx.peers.items():
+        print(f"  peer {name}: {meta['peers'][name]}")
+    results, failed = {}, []
+    try:
+        for name in args.categories:
+            module = importlib.import_module(f"benchmarks.{name}")
+            t0 = time.perf_counter()
+            try:
+                tables = module.run(ctx)
+            except Exception as e:  # noqa: BLE001  one broken category must not hide the others' figures
+                failed.append(name)
+                print(f"\n## {name}: failed: {type(e).__name__}: {e}", flush=True)
+                continue
+            print(f"\n## {name} ({time.perf_counter() - t0:.0f} s)")
+            for table in tables:
+                print(table.render(), flush=True)
+            results[name] = [t.to_json() for t in tables]
+    finally:
+        ctx.close()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"meta": meta, "categories": results, "failed": failed}, f, indent=1)
+    if failed:
+        sys.exit(f"\nfailed categories: {', '.join(failed)}")

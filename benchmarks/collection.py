@@ -1,0 +1,198 @@
+"""Collection throughput (frames/s handed to the learner, which does nothing else) per collector
+kind, on CartPole-v1 and HalfCheetah-v5, with the default 64x64 MLP policy: rltrain's collectors
+against TorchRL's (``Collector`` over a ``SerialEnv``, ``MultiSyncCollector``,
+``MultiAsyncCollector``), stable-baselines3's ``DummyVecEnv`` / ``SubprocVecEnv`` stepped with its
+PPO policy (as ``collect_rollouts`` does), and the raw gymnasium loop (1 env, random actions: the
+env's own floor). Each cell is built, timed for a few seconds and stopped, the columns taking turns.
+Also the multi-process collectors' start-up (construction to first batch) beside a fresh
+interpreter that only imports torch."""
+
+from __future__ import annotations
+
+import functools
+import subprocess
+import sys
+import time
+
+from benchmarks.core import OURS, Row, Stat, Table
+
+NAME, TITLE = "collection", "Collection"
+ENVS = {"CartPole-v1": 16, "HalfCheetah-v5": 8}  # envs per process (the env configs' defaults for local)
+WORKERS = 2
+RAW = "raw loop"
+
+
+def raw_loop(env_id: str, envs: int = 1, kind: str = "local"):
+    """The usual hand-written loop: gym.make defaults, random actions, reset on episode end."""
+    import gymnasium as gym
+
+    env = gym.make(env_id)
+    env.reset(seed=0)
+    env.action_space.seed(0)
+
+    def step():
+        for _ in range(100):
+            _, _, terminated, truncated, _ = env.step(env.action_space.sample())
+            if terminated or truncated:
+                env.reset()
+        return 100
+
+    return step
+
+
+def rltrain_collector(env_id: str, envs: int, kind: str, frames_per_batch: int | None = None):
+    """kind: local (one process), lockstep or async (2 worker processes of ``envs`` envs each)."""
+    from rltrain.algos import ActorCritic
+    from rltrain.collectors import AsyncCollector, LocalCollector, LockstepCollector
+    from rltrain.envs import BatchedEnv
+    from rltrain.sync import SharedMemSync
+
+    spec = BatchedEnv(env_id, num_envs=1).spec
+    make_policy = functools.partial(ActorCritic, spec)
+    scheme = SharedMemSync()
+    scheme.sender(make_policy())
+    if kind == "local":
+        collector = LocalCollector(functools.partial(BatchedEnv, env_id, num_envs=envs), make_policy,
+                                   scheme.receiver, frames_per_batch or envs * 32)
+    else:
+        cls = {"lockstep": LockstepCollector, "async": AsyncCollector}[kind]
+        per_batch = frames_per_batch or (WORKERS if kind == "lockstep" else 1) * envs * 32
+        collector = cls(make_env=functools.partial(BatchedEnv, env_id), make_policy=make_policy,
+                        make_receiver=scheme.receiver, env_spec=spec, frames_per_batch=per_batch, workers=WORKERS,
+                        envs_per_worker=envs)
+    batches = iter(collector)
+    step = lambda: next(batches).numel()  # noqa: E731
+    step.close = collector.close
+    return step
+
+
+def _torchrl_policy(env):
+    from tensordict.nn import NormalParamExtractor, TensorDictModule
+    from torch import nn
+    from torchrl.modules import MLP, OneHotCategorical, ProbabilisticActor, TanhNormal
+
+    n_obs, spec = env.observation_spec["observation"].shape[-1], env.action_spec
+    discrete = spec.domain == "discrete"
+    n_out = spec.shape[-1] * (1 if discrete else 2)
+    net = MLP(in_features=n_obs, out_features=n_out, num_cells=[64, 64], activation_class=nn.Tanh)
+    if discrete:
+        module = TensorDictModule(net, in_keys=["observation"], out_keys=["logits"])
+        return ProbabilisticActor(module, in_keys=["logits"], distribution_class=OneHotCategorical, spec=spec)
+    module = TensorDictModule(nn.Sequential(net, NormalParamExtractor()), in_keys=["observation"],
+                              out_keys=["loc", "scale"])
+    return ProbabilisticActor(module, in_keys=["loc", "scale"], distribution_class=TanhNormal, spec=spec)
+
+
+def torchrl_collector(env_id: str, envs: int, kind: str):
+    from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
+    from torchrl.envs import GymEnv, SerialEnv
+
+    make_env = functools.partial(SerialEnv, envs, functools.partial(GymEnv, env_id))
+    policy = _torchrl_policy(GymEnv(env_id))
+    if kind == "local":
+        collector = Collector(make_env(), policy, frames_per_batch=envs * 32, total_frames=-1)
+    else:
+        cls = MultiSyncCollector if kind == "lockstep" else MultiAsyncCollector
+        per_batch = (WORKERS if kind == "lockstep" else 1) * envs * 32
+        collector = cls([make_env] * WORKERS, policy, frames_per_batch=per_batch, total_frames=-1)
+    batches = iter(collector)
+    step = lambda: next(batches).numel()  # noqa: E731
+    step.close = collector.shutdown
+    return step
+
+
+def sb3_collector(env_id: str, envs: int, kind: str):
+    """SB3 has one env per subprocess: the multi-process kinds get 2 processes of 1 env (its design)."""
+    import torch
+    from stable_baselines3 import PPO
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+    if kind == "local":
+        venv = make_vec_env(env_id, n_envs=envs, vec_env_cls=DummyVecEnv)
+    else:
+        venv = make_vec_env(env_id, n_envs=WORKERS, vec_env_cls=SubprocVecEnv,
+                            vec_env_kwargs={"start_method": "spawn"})
+    policy = PPO("MlpPolicy", venv, device="cpu").policy
+    obs = venv.reset()
+
+    def step():
+        nonlocal obs
+        for _ in range(32):
+            with torch.no_grad():
+                actions, _, _ = policy(torch.as_tensor(obs))
+            obs, _, _, _ = venv.step(actions.numpy())
+        return 32 * venv.num_envs
+
+    step.close = venv.close
+    return step
+
+
+CASES = {OURS: "rltrain_collector", "torchrl": "torchrl_collector", "sb3": "sb3_collector", RAW: "raw_loop"}
+
+
+def throughput(ctx, env_id: str, seconds: float) -> Table:
+    peers = [p for p in ("torchrl", "sb3") if ctx.peer(p)]
+    columns = [OURS, *peers, RAW]
+    envs = ENVS[env_id]
+    table = Table(f"{TITLE}, {env_id}: frames/s, median [p10-p90] over rounds of {seconds:g} s", columns,
+                  notes=ctx.peer_notes("torchrl", "sb3"))
+    kinds = [("local", f"local, {envs} envs", ">= 0.7x raw loop" if env_id.startswith("CartPole") else ""),
+             ("lockstep", f"lockstep, {WORKERS} workers x {envs}",
+              ">= 1.3x raw loop" if env_id.startswith("CartPole") else ""),
+             ("async", f"async, {WORKERS} workers x {envs}", "")]
+    raw = None
+    for kind, label, target in kinds[:2] if ctx.quick else kinds:
+        samples = {c: [] for c in columns}
+        for _ in range(2 if ctx.quick else 3):  # rounds: every column built, timed and stopped in turn
+            for column in [c for c in columns if c in samples]:
+                if column == RAW and raw is not None:
+                    continue  # the same floor for every row: measured with the first
+                try:
+                    runner = ctx.runner(OURS if column == RAW else column)
+                    handle = runner.setup(f"benchmarks.collection:{CASES[column]}", env_id=env_id, envs=envs,
+                                          kind=kind)
+                    try:
+                        runner.rate(handle, min(1.0, seconds / 2))  # warm-up
+                        samples[column].append(runner.rate(handle, seconds))
+                    finally:
+                        runner.drop(handle)
+                except Exception as e:  # noqa: BLE001  a peer failing leaves its cell empty
+                    table.notes.append(f"{column} {kind} failed: {str(e).strip().splitlines()[-1]}")
+                    del samples[column]
+        if raw is None and samples.get(RAW):
+            raw = Stat(samples[RAW], "frames/s", higher_is_better=True)
+        cells = {c: Stat(samples[c], "frames/s", higher_is_better=True) if samples.get(c) else None
+                 for c in columns if c != RAW}
+        table.rows.append(Row(label, {**cells, RAW: raw}, target=target))
+    if ctx.peer("sb3"):
+        table.notes.append(f"sb3's multi-process rows: SubprocVecEnv with {WORKERS} processes of 1 env each")
+    return table
+
+
+def startup(ctx) -> Table:
+    """Construction to the first batch of 2 spawned workers, beside `python -c "import torch"`."""
+    table = Table("Multi-process collector start-up (2 workers x 4 CartPole envs, spawn): seconds to the "
+                  "first batch", ["collector", "import torch"], ratio_to=None)
+    floor = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import torch"], check=True)
+        floor.append(time.perf_counter() - t0)
+    for kind in ("lockstep", "async"):
+        starts = []
+        for _ in range(2 if ctx.quick else 3):
+            t0 = time.perf_counter()
+            step = rltrain_collector("CartPole-v1", 4, kind, frames_per_batch=256 if kind == "lockstep" else 128)
+            step()
+            starts.append(time.perf_counter() - t0)
+            step.close()
+        table.rows.append(Row(f"collector={kind}", {"collector": Stat(starts, "s"), "import torch": Stat(floor, "s")},
+                              target="<= 2 s"))
+    return table
+
+
+def run(ctx) -> list[Table]:
+    seconds = 1.0 if ctx.quick else 4.0
+    envs = ["CartPole-v1"] if ctx.quick else list(ENVS)
+    return [throughput(ctx, env_id, seconds) for env_id in envs] + [startup(ctx)]

@@ -1,0 +1,111 @@
+"""Whole processes, as a user runs them: start-up, and time to solve beside stable-baselines3.
+
+Start-up: from launching ``python -m rltrain`` (the default config) until its first batch reaches
+the trainer (a hook writes the time), beside a bare ``python -c "import torch"``, alternating.
+Time to solve, whole process (interpreter start, imports, training, exit), seeds interleaved:
+CartPole-v1 PPO (rltrain's default run; SB3 with RL-Zoo's CartPole settings: 8 envs, n_steps 32,
+batch 256, 20 epochs, gamma 0.98, lambda 0.8, linear lr 1e-3 and clip 0.2), both stopping once the
+last 10 training episodes average >= 475; Pendulum-v1 SAC (``+recipe=sac_pendulum``; SB3's SAC with
+lr 1e-3, batch 256, one gradient step per frame, its default 256x256 networks), both stopping at
+>= -200.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks.core import OURS, ROOT, Row, Stat, Table
+
+NAME, TITLE = "end_to_end", "End to end"
+PROGRAMS = ROOT / "benchmarks" / "programs"
+
+
+def rltrain_run(seed: int, *overrides: str) -> dict:
+    """One whole ``python -m rltrain`` process: wall seconds, its summary, and when its first batch came."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mark = Path(tmp) / "first_batch"
+        cmd = [sys.executable, "-m", "rltrain", f"seed={seed}", f"hydra.run.dir={tmp}/run", "hooks.progress.bar=false",
+               "+hooks.first_batch._target_=benchmarks.first_batch.FirstBatch", f"+hooks.first_batch.path={mark}",
+               *overrides]
+        t0_wall, t0 = time.time(), time.perf_counter()
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=900)
+        wall = time.perf_counter() - t0
+        summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+        first = float(mark.read_text()) - t0_wall if mark.exists() else None
+    return {"wall_s": wall, "frames_to_solve": summary["frames_to_solve"], "learn_s": summary["wall_time_s"],
+            "first_batch_s": first}
+
+
+def sb3_run(python: str, program: str, seed: int) -> dict:
+    t0 = time.perf_counter()
+    out = subprocess.run([python, str(PROGRAMS / program), f"--seed={seed}"], cwd=ROOT, check=True,
+                         capture_output=True, text=True, timeout=900).stdout
+    wall = time.perf_counter() - t0
+    result = json.loads(out.strip().splitlines()[-1])
+    return {"wall_s": wall, "frames_to_solve": result["frames_to_solve"], "learn_s": result["learn_s"]}
+
+
+def import_torch_s() -> float:
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "import torch"], check=True, timeout=120)
+    return time.perf_counter() - t0
+
+
+def startup(ctx) -> Table:
+    table = Table("Start-up: seconds from launch, median [p10-p90]", ["import torch", OURS], ratio_to="import torch",
+                  ratio_header="{peer} / import torch", ratio_mode="over")
+    floor, first, wall = [], [], []
+    for _ in range(3 if ctx.quick else 7):  # alternating
+        floor.append(import_torch_s())
+        run = rltrain_run(0, "trainer.total_frames=512", "trainer.stop_at_return=null", "hooks.eval.episodes=1",
+                          "hooks.checkpoint.every=null")
+        first.append(run["first_batch_s"])
+        wall.append(run["wall_s"])
+    table.rows.append(Row("python -m rltrain: launch to the first batch", {"import torch": Stat(floor, "s"),
+                                                                           OURS: Stat(first, "s")}, target="<= 1.5x"))
+    table.rows.append(Row("python -m rltrain, one batch: the whole process", {"import torch": Stat(floor, "s"),
+                                                                              OURS: Stat(wall, "s")}))
+    return table
+
+
+def median_or_none(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def solve(ctx, label: str, overrides: list[str], program: str, seeds: list[int], target: str) -> Row:
+    sb3 = ctx.peer("sb3")
+    runs = {OURS: [], "sb3": []}
+    for seed in seeds:  # interleaved: the machine's noise falls on both alike
+        if sb3:
+            runs["sb3"].append(sb3_run(sb3.python or sys.executable, program, seed))
+        runs[OURS].append(rltrain_run(seed, *overrides))
+    cells = {c: Stat([r["wall_s"] for r in rs], "s") if rs else None for c, rs in runs.items()}
+    row = Row(label, cells, target=target)
+    for c, rs in runs.items():
+        if rs:
+            frames = median_or_none([r["frames_to_solve"] for r in rs])
+            learn = median_or_none([r["learn_s"] for r in rs])
+            unsolved = sum(r["frames_to_solve"] is None for r in rs)
+            row.extra[f"{c} frames to solve"] = f"{frames:,.0f}" if frames else "–"
+            row.extra[f"{c} learning s"] = f"{learn:.2f}"
+            if unsolved:
+                row.extra[f"{c} unsolved"] = f"{unsolved}/{len(rs)}"
+    return row
+
+
+def run(ctx) -> list[Table]:
+    seeds = [0] if ctx.quick else [0, 1, 2, 3, 4]
+    table = Table(f"Time to solve, whole process: seconds, median [p10-p90] over seeds {seeds}",
+                  [OURS, "sb3"] if ctx.peer("sb3") else [OURS], notes=ctx.peer_notes("sb3"))
+    table.rows.append(solve(ctx, "CartPole-v1, PPO", [], "sb3_cartpole.py", seeds, "<= 0.35x SB3"))
+    if not ctx.quick:
+        table.rows.append(solve(ctx, "Pendulum-v1, SAC 256x256", ["+recipe=sac_pendulum"], "sb3_pendulum_sac.py",
+                                seeds, "<= 0.8x SB3, frames <= SB3's"))
+    return [startup(ctx), table]

@@ -1,0 +1,104 @@
+"""The benchmark command: its tables, its peers (present, missing, failing), and a quick run of everything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from benchmarks import core
+from benchmarks.context import Context
+from benchmarks.core import OURS, Row, Stat, Table
+from tests.conftest import ROOT
+
+
+def test_stat_reports_median_and_the_p10_p90_spread():
+    s = Stat([float(x) for x in range(1, 12)])  # 1..11
+    assert s.median == 6 and s.percentile(0.1) == 2 and s.percentile(0.9) == 10
+    assert s.format() == "6 [2-10]"
+
+
+def test_ratios_say_how_many_times_rltrain_wins_for_times_and_rates():
+    table = Table("t", [OURS, "peer"])
+    table.rows.append(Row("time", {OURS: Stat([2.0]), "peer": Stat([6.0])}))
+    table.rows.append(Row("rate", {OURS: Stat([300.0], higher_is_better=True),
+                                   "peer": Stat([100.0], higher_is_better=True)}))
+    table.rows.append(Row("missing", {OURS: Stat([1.0]), "peer": None}))
+    assert [table.ratio(r, "peer") for r in table.rows] == [3.0, 3.0, None]
+    text = table.render()
+    assert "x vs peer" in text and "3.00" in text
+    assert text.splitlines()[-1].split()[1:3] == ["1", "–"]  # the missing cell and its ratio stay empty
+    floor = Table("f", ["floor", "scheme"], ratio_to="floor", ratio_header="{peer} / floor", ratio_mode="over")
+    floor.rows.append(Row("1M", {"floor": Stat([0.5]), "scheme": Stat([0.75])}))
+    assert floor.ratio(floor.rows[0], "scheme") == 1.5 and "scheme / floor" in floor.render()
+    assert table.to_json()["rows"][0]["ratios"] == {"peer": 3.0}
+
+
+def test_a_peer_that_is_not_installed_is_reported_with_the_install_that_fixes_it(monkeypatch):
+    monkeypatch.setitem(core.PEER_MODULES, "ghost", "no_such_module_for_rltrain_tests")
+    monkeypatch.setitem(core.INSTALL_HINT, "ghost", "pip install ghost")
+    peer = core.find_peer("ghost", None)
+    assert peer.missing == "not installed here; pip install ghost"
+    elsewhere = core.find_peer("ghost", sys.executable)  # another Python that lacks it too
+    assert elsewhere.missing.startswith(f"not importable by {sys.executable}")
+    assert "No module named" in elsewhere.missing
+    with pytest.raises(SystemExit, match="unknown peer 'nobody'"):
+        core.find_peer("nobody", None)
+
+
+def test_cases_run_in_a_worker_process_and_a_failing_case_leaves_only_its_cell_empty(monkeypatch):
+    monkeypatch.setitem(core.PEER_MODULES, "worker", "json")  # importable by any Python
+    ctx = Context(quick=True, compare=["worker"], peer_python=sys.executable, threads=1)
+    try:
+        ctx.peers["worker"].python = sys.executable  # force the worker process although json is importable here
+        notes = []
+        cells = ctx.compare({OURS: ("tests.benchmark_cases:sleeper", {"ms": 1.0}),
+                             "worker": ("tests.benchmark_cases:sleeper", {"ms": 3.0})}, reps=3, notes=notes)
+        assert 0.9 < cells[OURS].median < cells["worker"].median  # ms; the worker's sleeps are longer
+        assert len(cells[OURS].samples) == 3 * ctx.rounds and not notes
+        assert ctx.runner("worker").where == sys.executable
+        cells = ctx.compare({OURS: ("tests.benchmark_cases:counter", {}),
+                             "worker": ("tests.benchmark_cases:broken", {})}, reps=2, notes=notes)
+        assert cells["worker"] is None and cells[OURS] is not None
+        assert notes == ["worker failed: ValueError: this case cannot be built"]
+        assert ctx.outputs({"worker": ("tests.benchmark_cases:counter", {})}) == {"worker": 1}
+    finally:
+        ctx.close()
+    assert ctx.runner("worker").proc.poll() is not None  # closed: no worker left behind
+
+
+def test_unknown_category_is_refused_naming_the_choices():
+    out = subprocess.run([sys.executable, "-m", "benchmarks", "--only", "advantage,nope"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unknown categories nope" in out.stderr and "weight_sync" in out.stderr
+
+
+@pytest.mark.slow
+def test_the_quick_suite_measures_every_category(tmp_path):
+    """What CI runs as a smoke test: every category produces its tables with rltrain's figures;
+    peers that are not installed leave their columns out with a note instead of failing."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--quick", "--json", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    from benchmarks.cli import CATEGORIES
+
+    assert list(result["categories"]) == CATEGORIES and result["failed"] == []
+    for name, tables in result["categories"].items():
+        assert tables, name
+        for table in tables:
+            assert table["rows"], (name, table["title"])
+            for row in table["rows"]:
+                measured = [c for c in row["cells"].values() if c]
+                assert measured and all(c["median"] > 0 for c in measured), (name, row)
+    missing = {n for n, how in result["meta"]["peers"].items() if how.startswith("not ")}
+    for name in missing:  # e.g. torchrl in the dev venv (it pins an older tensordict)
+        assert all(name not in t["columns"] for ts in result["categories"].values() for t in ts)
+        assert f"peer {name}: not " in proc.stdout
+    gae = result["categories"]["advantage"][0]["rows"]
+    assert [r["case"] for r in gae] == ["[1, 512]", "[32, 512]"]
+    assert "## end_to_end" in proc.stdout and "launch to the first batch" in proc.stdout
