@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rltrain import lazy_dynamo
+
+lazy_dynamo.install()  # before anything imports tensordict: a second less before the first batch
+
 if TYPE_CHECKING:
     from rltrain.factory import build
     from rltrain.state import TrainState

@@ -1,0 +1,65 @@
+"""A run that compiles nothing never imports torch._dynamo, and compiling later still sees
+tensordict's marks and torch's optimizer wrappers (rltrain/lazy_dynamo.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+from tests.conftest import ROOT
+
+SCRIPT = textwrap.dedent("""
+    import sys
+    import rltrain  # installs the finder, as `python -m rltrain` does, before torch and tensordict
+    import torch
+    from tensordict import TensorDict
+    from rltrain.algos import PPO, ActorCritic
+    from rltrain.envs import BatchedEnv
+
+    env = BatchedEnv("CartPole-v1", num_envs=2, seed=0)
+    policy = ActorCritic(env.spec)
+    ppo = PPO(policy, total_frames=1000, minibatch_size=8, epochs=2)
+    twin = ActorCritic(env.spec)
+    twin.load_state_dict(policy.state_dict())
+    twin_ppo = PPO(twin, total_frames=1000, minibatch_size=8, epochs=2)
+    g = torch.Generator().manual_seed(0)
+    batch = TensorDict({"observation": torch.randn(8, 2, 4, generator=g), "action": torch.randint(2, (8, 2)),
+                        "log_prob": torch.full((8, 2), -0.7), "reward": torch.ones(8, 2),
+                        "terminated": torch.zeros(8, 2, dtype=torch.bool), "done": torch.zeros(8, 2, dtype=torch.bool),
+                        "next": {"observation": torch.randn(8, 2, 4, generator=g)}}, batch_size=[8, 2])
+    torch.manual_seed(1)
+    ppo.update(batch)
+    ppo.optimizer.load_state_dict(ppo.optimizer.state_dict())
+    assert "torch._dynamo" not in sys.modules, "an update imported torch._dynamo"
+
+    import torch._dynamo  # what torch.compile does first
+    from torch._dynamo import trace_rules
+    import tensordict.base, tensordict.utils
+    assert tensordict.utils._lock_warn._dynamo_marked_constant
+    assert id(tensordict.base._foreach_copy_compiled) in trace_rules._allowed_callable_ids
+    torch.manual_seed(1)
+    twin_ppo.update(batch)  # the same update through torch's own wrappers, graph breaks and all
+    for a, b in zip(policy.parameters(), twin.parameters()):
+        assert torch.equal(a, b)
+    compiled = torch.compile(lambda td: td["observation"].sum(), backend="eager")
+    assert torch.isclose(compiled(batch), batch["observation"].sum())
+    print("ok")
+""")
+
+
+def test_updates_do_not_import_dynamo_and_compiling_afterwards_sees_everything_marked():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_a_default_run_never_imports_dynamo(tmp_path):
+    script = ("import runpy, sys\n"
+              f"sys.argv = ['rltrain', 'trainer.total_frames=1024', 'hydra.run.dir={tmp_path}/run']\n"
+              "try:\n    runpy.run_module('rltrain', run_name='__main__')\nexcept SystemExit as e:\n"
+              "    assert not e.code, e.code\n"
+              "print('dynamo' if 'torch._dynamo' in sys.modules else 'no dynamo')\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "no dynamo"
+    assert (tmp_path / "run" / "summary.json").exists()
