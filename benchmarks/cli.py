@@ -20,8 +20,10 @@ ON_REQUEST = ["learning"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
-    p.add_argument("--quick", action="store_true", help="few rounds and small sizes: a smoke run (CI, ~3 min)")
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description="rltrain beside its peers (TorchRL, "
+                                "stable-baselines3) and the raw floor: one table per category, medians with their "
+                                "p10-p90 spread and the ratio to each peer. Run it from the repository root.")
+    p.add_argument("--quick", action="store_true", help="few rounds and small sizes: a smoke run (CI's, ~2 min)")
     p.add_argument("--only", default=None,
                    help=f"comma-separated categories: {', '.join(CATEGORIES + ON_REQUEST)} (default: all but "
                         f"{', '.join(ON_REQUEST)})")
@@ -29,7 +31,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--peer-python", default=None,
                    help="a Python with the peers installed (e.g. a venv with torchrl, which pins tensordict<0.15); "
                         "peers importable here run in this process")
-    p.add_argument("--threads", type=int, default=1, help="torch threads in every measured process (default 1)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads for the function-level cases (default 1); whole programs (end_to_end, "
+                        "learning) run with their own defaults")
     p.add_argument("--json", default=None, help="also write every figure to this JSON file")
     args = p.parse_args(argv)
     names = CATEGORIES if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]

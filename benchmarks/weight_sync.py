@@ -3,8 +3,10 @@
 A push counts until every worker process holds the new version (each acknowledges the version it
 applied through shared memory). The floor is one copy of the same bytes in the learner's process.
 shared_mem workers look for a new version every 0.2 ms, as an async collector's do between env
-steps; pipe workers block on their pipe. (``sync=distributed`` beside its engine's floor: the
-``scale_out`` category.)
+steps; pipe workers block on their pipe. "raw pipe" is the pipe mechanism's own floor: the same
+bytes written down one pipe per worker (a thread each, 1 MiB pipe buffers) and read into a
+buffer, no weights involved. (``sync=distributed`` beside its engine's floor: the ``scale_out``
+category.)
 """
 
 from __future__ import annotations
@@ -106,6 +108,71 @@ def push_times(scheme_name: str, n_params: int, workers: int, repeats: int, kind
         sender.close()
 
 
+def pipe_reader(conn, nbytes: int, ack, index: int) -> None:
+    """The pipe's own floor, receiving side: read ``nbytes`` into one buffer, acknowledge, repeat."""
+    import fcntl
+
+    fd = conn.fileno()
+    fcntl.fcntl(fd, 1031, 1 << 20)  # F_SETPIPE_SZ: the 1 MiB buffer sync=pipe uses
+    buffer = memoryview(bytearray(nbytes))
+    count = 0
+    while True:
+        got = 0
+        while got < nbytes:
+            n = os.readv(fd, [buffer[got:]])
+            if n == 0:
+                os._exit(0)
+            got += n
+        count += 1
+        ack[index] = count
+
+
+def raw_pipe_times(n_params: int, workers: int, repeats: int) -> list[float]:
+    """ms to write the snapshot's bytes down one pipe per worker (a thread each, as sync=pipe does)
+    until every worker has read them all: the floor of the pipe mechanism itself."""
+    import fcntl
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch
+
+    nbytes = 4 * sum(t.numel() for t in make_net(n_params).state_dict().values())
+    payload = memoryview(bytearray(os.urandom(1024)) * (nbytes // 1024 + 1))[:nbytes]
+    ctx = mp.get_context("spawn")
+    ack = torch.zeros(workers, dtype=torch.int64).share_memory_()
+    pipes = [ctx.Pipe(duplex=False) for _ in range(workers)]
+    procs = [ctx.Process(target=pipe_reader, args=(r, nbytes, ack, i), daemon=True) for i, (r, _) in enumerate(pipes)]
+    for p in procs:
+        p.start()
+    writers = [w.fileno() for _, w in pipes]
+    for fd in writers:
+        fcntl.fcntl(fd, 1031, 1 << 20)
+
+    def write_all(fd: int) -> None:
+        sent = 0
+        while sent < nbytes:
+            sent += os.write(fd, payload[sent:])
+
+    times = []
+    try:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for k in range(1, repeats + 3):
+                t0 = time.perf_counter()
+                list(pool.map(write_all, writers))
+                deadline = time.monotonic() + 60
+                while int(ack.min()) < k:
+                    if time.monotonic() > deadline:
+                        raise RuntimeError("a pipe reader did not read the snapshot in 60 s")
+                times.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        for _, w in pipes:
+            w.close()
+        for p in procs:
+            p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+    return times[2:]
+
+
 def memcpy_times(n_params: int, repeats: int) -> list[float]:
     import torch
 
@@ -125,7 +192,8 @@ def run(ctx) -> list[Table]:
     torch.set_num_threads(ctx.threads)
     sizes, workers, repeats = (["1M"], [2], 5) if ctx.quick else (["1M", "10M", "50M"], [2, 4], 15)
     table = Table(f"{TITLE} until every worker holds the new version: ms, median [p10-p90] of {repeats}",
-                  [FLOOR, "shared_mem", "pipe"], ratio_to=FLOOR, ratio_header="{peer} / floor", ratio_mode="over",
+                  [FLOOR, "shared_mem", "pipe", "raw pipe"], ratio_to=FLOOR, ratio_header="{peer} / floor",
+                  ratio_mode="over",
                   notes=["torchrl: its weight-sync schemes are not measured by this suite yet; figures quoted by "
                          "issue 13 for this machine: SharedMem 4.9 / 15 / 54 ms and MultiProcess 17 / 39 / 143 ms "
                          "at 1M / 10M / 50M params"])
@@ -136,6 +204,7 @@ def run(ctx) -> list[Table]:
             cells = {FLOOR: floor}
             for scheme in ("shared_mem", "pipe"):
                 cells[scheme] = Stat(push_times(scheme, n, w, repeats))
+            cells["raw pipe"] = Stat(raw_pipe_times(n, w, repeats))
             target = "shared_mem <= 1.5x, pipe <= 3x" if n >= 10_000_000 else "shared_mem <= 1 ms, pipe <= 3x"
             table.rows.append(Row(f"{text} params, {w} workers", cells, target=target))
     return [table]
