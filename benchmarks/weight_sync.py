@@ -173,6 +173,56 @@ def raw_pipe_times(n_params: int, workers: int, repeats: int) -> list[float]:
     return times[2:]
 
 
+def _pendulum():
+    from torchrl.envs import GymEnv
+
+    return GymEnv("Pendulum-v1")
+
+
+def torchrl_case(scheme: str, n_params: int, workers: int, repeats: int):
+    """TorchRL's push, as its users make one: ``MultiSyncCollector(..., weight_sync_schemes=
+    {"policy": scheme})`` and ``collector.update_policy_weights_(weights)`` from a separate learner
+    copy (the collector's own policy is shared with its workers, so pushing it would move nothing).
+    With the schemes' default ``sync=True`` the call returns once every worker acknowledged that
+    its model holds the new weights (weight_update/_shared.py ``send`` -> ``_wait_for_ack``; the
+    worker acks after applying them), the same end point as rltrain's pushes here. TorchRL waits
+    for acks without a timeout; here each push is bounded at 60 s. The step returns the ms of
+    ``repeats`` pushes after 2 warm-up ones; the collector is idle meanwhile."""
+    import copy
+
+    import torch
+    from tensordict import TensorDict
+    from tensordict.nn import TensorDictModule
+    from torch import nn
+    from torchrl.collectors import MultiSyncCollector
+    from torchrl.weight_update import MultiProcessWeightSyncScheme, SharedMemWeightSyncScheme
+
+    net = make_net(n_params)
+    policy = TensorDictModule(nn.Sequential(nn.Linear(3, net[0].in_features), *net, nn.Linear(net[-1].out_features, 1)),
+                              in_keys=["observation"], out_keys=["action"])
+    learner = copy.deepcopy(policy)
+    sync = {"shared_mem": SharedMemWeightSyncScheme, "multiprocess": MultiProcessWeightSyncScheme}[scheme]()
+    collector = MultiSyncCollector([_pendulum] * workers, policy, frames_per_batch=8 * workers, total_frames=-1,
+                                   weight_sync_schemes={"policy": sync})
+    wait_for_ack = sync._wait_for_ack
+    sync._wait_for_ack = lambda worker_ids=None, timeout=None: wait_for_ack(worker_ids=worker_ids, timeout=60.0)
+    batches = iter(collector)
+    next(batches)  # the workers are up
+
+    def step() -> list[float]:
+        weights, times = TensorDict.from_module(learner), []
+        for _ in range(repeats + 2):
+            with torch.no_grad():
+                next(learner.parameters()).add_(1.0)
+            t0 = time.perf_counter()
+            collector.update_policy_weights_(weights)
+            times.append((time.perf_counter() - t0) * 1e3)
+        return times[2:]
+
+    step.close = lambda: collector.shutdown(timeout=20, raise_on_error=False)
+    return step
+
+
 def memcpy_times(n_params: int, repeats: int) -> list[float]:
     import torch
 
@@ -191,12 +241,10 @@ def run(ctx) -> list[Table]:
 
     torch.set_num_threads(ctx.threads)
     sizes, workers, repeats = (["1M"], [2], 5) if ctx.quick else (["1M", "10M", "50M"], [2, 4], 15)
+    peers = {"torchrl SharedMem": "shared_mem", "torchrl MultiProcess": "multiprocess"} if ctx.peer("torchrl") else {}
     table = Table(f"{TITLE} until every worker holds the new version: ms, median [p10-p90] of {repeats}",
-                  [FLOOR, "shared_mem", "pipe", "raw pipe"], ratio_to=FLOOR, ratio_header="{peer} / floor",
-                  ratio_mode="over",
-                  notes=["torchrl: its weight-sync schemes are not measured by this suite yet; figures quoted by "
-                         "issue 13 for this machine: SharedMem 4.9 / 15 / 54 ms and MultiProcess 17 / 39 / 143 ms "
-                         "at 1M / 10M / 50M params"])
+                  [FLOOR, "shared_mem", "pipe", "raw pipe", *peers], ratio_to=FLOOR, ratio_header="{peer} / floor",
+                  ratio_mode="over", notes=ctx.peer_notes("torchrl"))
     for text in sizes:
         n = parse_count(text)
         floor = Stat(memcpy_times(n, repeats))
@@ -205,6 +253,11 @@ def run(ctx) -> list[Table]:
             for scheme in ("shared_mem", "pipe"):
                 cells[scheme] = Stat(push_times(scheme, n, w, repeats))
             cells["raw pipe"] = Stat(raw_pipe_times(n, w, repeats))
+            for column, scheme in peers.items():  # TorchRL's collector and schemes, where torchrl runs
+                times = ctx.outputs({"torchrl": ("benchmarks.weight_sync:torchrl_case",
+                                                 {"scheme": scheme, "n_params": n, "workers": w,
+                                                  "repeats": repeats})}, notes=table.notes)
+                cells[column] = Stat(times["torchrl"]) if times.get("torchrl") else None
             target = "shared_mem <= 1.5x, pipe <= 3x" if n >= 10_000_000 else "shared_mem <= 1 ms, pipe <= 3x"
             table.rows.append(Row(f"{text} params, {w} workers", cells, target=target))
     return [table]
