@@ -83,12 +83,19 @@ def _torchrl_policy(env):
     return ProbabilisticActor(module, in_keys=["loc", "scale"], distribution_class=TanhNormal, spec=spec)
 
 
+def _torchrl_env(env_id: str):
+    """gymnasium's env in TorchRL, with MuJoCo's float64 observations cast to the policy's float32."""
+    from torchrl.envs import DoubleToFloat, GymEnv, TransformedEnv
+
+    return TransformedEnv(GymEnv(env_id), DoubleToFloat())
+
+
 def torchrl_collector(env_id: str, envs: int, kind: str):
     from torchrl.collectors import Collector, MultiAsyncCollector, MultiSyncCollector
-    from torchrl.envs import GymEnv, SerialEnv
+    from torchrl.envs import SerialEnv
 
-    make_env = functools.partial(SerialEnv, envs, functools.partial(GymEnv, env_id))
-    policy = _torchrl_policy(GymEnv(env_id))
+    make_env = functools.partial(SerialEnv, envs, functools.partial(_torchrl_env, env_id))
+    policy = _torchrl_policy(_torchrl_env(env_id))
     if kind == "local":
         collector = Collector(make_env(), policy, frames_per_batch=envs * 32, total_frames=-1)
     else:

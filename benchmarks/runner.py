@@ -16,6 +16,7 @@ import os
 import select
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 
@@ -85,8 +86,9 @@ class ProcessRunner:
     def __init__(self, python: str, threads: int):
         self.where = python
         env = {**os.environ, "PYTHONPATH": str(ROOT), "BENCH_THREADS": str(threads)}
+        self.stderr = tempfile.TemporaryFile("w+")  # a file, not a pipe: what libraries print cannot fill it
         self.proc = subprocess.Popen([python, "-m", "benchmarks.runner"], cwd=ROOT, env=env, text=True,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr)
         self._call({"op": "ping"})
 
     def _call(self, request: dict):
@@ -101,8 +103,9 @@ class ProcessRunner:
                     break
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 self.proc.kill()
+                self.stderr.seek(0)
                 raise RuntimeError(f"the worker of {self.where} {'died' if self.proc.poll() else 'timed out'}: "
-                                   f"{self.proc.stderr.read()[-2000:]}")
+                                   f"{self.stderr.read()[-2000:]}")
         reply = json.loads(line)
         if "error" in reply:
             raise RuntimeError(f"in {self.where}: {reply['error']}")
@@ -130,6 +133,7 @@ class ProcessRunner:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self.stderr.close()
 
 
 def worker() -> None:
