@@ -60,7 +60,7 @@ class _UntilDynamo:
         import torch._dynamo
 
         disabled = torch._dynamo.disable(self.fn, True, wrapping=False)
-        self.fn.__dynamo_disable = disabled
+        setattr(self.fn, "__dynamo_disable", disabled)  # setattr: inside a class the name would be mangled
         return disabled(*args, **kwargs)
 
 
@@ -81,7 +81,7 @@ def _defer_optimizer_disables(module) -> None:
     for name in OPTIMIZER_METHODS:
         fn = getattr(getattr(module.Optimizer, name, None), "__wrapped__", None)  # what _disable_dynamo wrapped
         if fn is not None and getattr(fn, "__dynamo_disable", None) is None:
-            fn.__dynamo_disable = _UntilDynamo(fn)
+            setattr(fn, "__dynamo_disable", _UntilDynamo(fn))
 
 
 def _step_without_graph_breaks(optimizer_module) -> None:

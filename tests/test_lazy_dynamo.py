@@ -42,6 +42,9 @@ SCRIPT = textwrap.dedent("""
     twin_ppo.update(batch)  # the same update through torch's own wrappers, graph breaks and all
     for a, b in zip(policy.parameters(), twin.parameters()):
         assert torch.equal(a, b)
+    from rltrain.lazy_dynamo import _UntilDynamo
+    cached = getattr(torch.optim.Optimizer.zero_grad.__wrapped__, "__dynamo_disable")
+    assert not isinstance(cached, _UntilDynamo), "zero_grad still bypasses torch's disabled wrapper"
     compiled = torch.compile(lambda td: td["observation"].sum(), backend="eager")
     assert torch.isclose(compiled(batch), batch["observation"].sum())
     print("ok")
