@@ -51,7 +51,8 @@ class Context:
                         times = runner.time(handle, warmup if round_ == 0 else reps, per_call)
                     except Exception as e:  # noqa: BLE001  a library failing mid-way loses its cell only
                         _note(notes, column, e)
-                        del live[column], samples[column]
+                        self.drop({column: live.pop(column)})
+                        del samples[column]
                         continue
                     if round_ > 0:
                         samples[column] += [s * 1e3 for s in times]
@@ -86,7 +87,10 @@ class Context:
     @staticmethod
     def drop(live: dict[str, tuple]) -> None:
         for runner, handle in live.values():
-            runner.drop(handle)
+            try:
+                runner.drop(handle)
+            except Exception:  # noqa: BLE001  a worker that died has nothing left to drop
+                pass
 
 
 def _note(notes: list[str] | None, column: str, error: Exception) -> None:
