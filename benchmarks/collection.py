@@ -10,6 +10,8 @@ interpreter that only imports torch."""
 from __future__ import annotations
 
 import functools
+import importlib.util
+import os
 import subprocess
 import sys
 import time
@@ -40,11 +42,12 @@ def raw_loop(env_id: str, envs: int = 1, kind: str = "local"):
     return step
 
 
-def rltrain_collector(env_id: str, envs: int, kind: str, frames_per_batch: int | None = None):
+def rltrain_collector(env_id: str, envs: int, kind: str, frames_per_batch: int | None = None,
+                      backend: str = "gymnasium"):
     """kind: local (one process), lockstep or async (2 worker processes of ``envs`` envs each)."""
     from rltrain.algos import ActorCritic
     from rltrain.collectors import AsyncCollector, LocalCollector, LockstepCollector
-    from rltrain.envs import BatchedEnv
+    from rltrain.envs import BatchedEnv, make_envs
     from rltrain.sync import SharedMemSync
 
     spec = BatchedEnv(env_id, num_envs=1).spec
@@ -52,7 +55,7 @@ def rltrain_collector(env_id: str, envs: int, kind: str, frames_per_batch: int |
     scheme = SharedMemSync()
     scheme.sender(make_policy())
     if kind == "local":
-        collector = LocalCollector(functools.partial(BatchedEnv, env_id, num_envs=envs), make_policy,
+        collector = LocalCollector(functools.partial(make_envs, env_id, num_envs=envs, backend=backend), make_policy,
                                    scheme.receiver, frames_per_batch or envs * 32)
     else:
         cls = {"lockstep": LockstepCollector, "async": AsyncCollector}[kind]
@@ -150,23 +153,10 @@ def throughput(ctx, env_id: str, seconds: float) -> Table:
              ("async", f"async, {WORKERS} workers x {envs}", "")]
     raw = None
     for kind, label, target in kinds[:2] if ctx.quick else kinds:
-        samples = {c: [] for c in columns}
-        for _ in range(2 if ctx.quick else 3):  # rounds: every column built, timed and stopped in turn
-            for column in [c for c in columns if c in samples]:
-                if column == RAW and raw is not None:
-                    continue  # the same floor for every row: measured with the first
-                try:
-                    runner = ctx.runner(OURS if column == RAW else column)
-                    handle = runner.setup(f"benchmarks.collection:{CASES[column]}", env_id=env_id, envs=envs,
-                                          kind=kind)
-                    try:
-                        runner.rate(handle, min(1.0, seconds / 2))  # warm-up
-                        samples[column].append(runner.rate(handle, seconds))
-                    finally:
-                        runner.drop(handle)
-                except Exception as e:  # noqa: BLE001  a peer failing leaves its cell empty
-                    table.notes.append(f"{column} {kind} failed: {str(e).strip().splitlines()[-1]}")
-                    del samples[column]
+        wanted = [c for c in columns if c != RAW or raw is None]  # the raw floor is the same for every row
+        cases = {c: (OURS if c == RAW else c, f"benchmarks.collection:{CASES[c]}",
+                     {"env_id": env_id, "envs": envs, "kind": kind}) for c in wanted}
+        samples = rates(ctx, cases, 2 if ctx.quick else 3, seconds, table.notes)
         if raw is None and samples.get(RAW):
             raw = Stat(samples[RAW], "frames/s", higher_is_better=True)
         cells = {c: Stat(samples[c], "frames/s", higher_is_better=True) if samples.get(c) else None
@@ -174,6 +164,80 @@ def throughput(ctx, env_id: str, seconds: float) -> Table:
         table.rows.append(Row(label, {**cells, RAW: raw}, target=target))
     if ctx.peer("sb3"):
         table.notes.append(f"sb3's multi-process rows: SubprocVecEnv with {WORKERS} processes of 1 env each")
+    return table
+
+
+ATARI = "ALE/Breakout-v5"
+# The usual Atari preprocessing (DQN / PPO papers, CleanRL), the same in both backends: no sticky
+# actions, 4 frames skipped (max-pooled), up to 30 no-ops at reset, 84x84 grayscale, 4 frames stacked.
+ATARI_LOOP = {"kwargs": {"frameskip": 1, "repeat_action_probability": 0.0},
+              "wrappers": [{"wrapper": "AtariPreprocessing", "frame_skip": 4, "noop_max": 30, "screen_size": 84},
+                           {"wrapper": "FrameStackObservation", "stack_size": 4}]}
+ATARI_VECTOR = {"kwargs": {"frameskip": 4, "repeat_action_probability": 0.0, "noop_max": 30, "stack_num": 4,
+                           "reward_clipping": False, "use_fire_reset": False}}
+
+
+def atari_steps(backend: str, envs: int):
+    """Random actions in ``envs`` Breakout envs (agent steps of 4 frames each), on either backend."""
+    import numpy as np
+
+    from rltrain.envs import make_envs
+
+    env = make_envs(ATARI, envs, backend=backend, **(ATARI_LOOP if backend == "gymnasium" else ATARI_VECTOR))
+    env.reset()
+    actions = np.random.default_rng(0).integers(0, env.spec.num_actions, (64, envs))
+
+    def step():
+        for a in actions:
+            env.step(a)
+        return actions.size
+
+    step.close = env.close
+    return step
+
+
+def rates(ctx, cases: dict[str, tuple[str, str, dict]], rounds: int, seconds: float, notes: list[str]) -> dict:
+    """Frames/s samples per column: each case built, warmed up, timed for ``seconds`` and stopped,
+    the columns taking turns for ``rounds`` rounds. ``cases``: column -> (runner, case ref, kwargs).
+    A column that fails is a note, and has no samples."""
+    samples = {column: [] for column in cases}
+    for _ in range(rounds):
+        for column in [c for c in cases if c in samples]:
+            runner_name, ref, kwargs = cases[column]
+            try:
+                runner = ctx.runner(runner_name)
+                handle = runner.setup(ref, **kwargs)
+                try:
+                    runner.rate(handle, min(1.0, seconds / 2))  # warm-up
+                    samples[column].append(runner.rate(handle, seconds))
+                finally:
+                    runner.drop(handle)
+            except Exception as e:  # noqa: BLE001  a failing case leaves its cell empty
+                notes.append(f"{column} {kwargs.get('kind', '')} failed: {str(e).strip().splitlines()[-1]}")
+                del samples[column]
+    return samples
+
+
+def backends(ctx, seconds: float) -> Table:
+    """env.backend=vector beside the Python loop (gymnasium): CartPole through the local
+    collector (the default policy acting), Breakout's envs alone (random actions)."""
+    table = Table("Env backends: frames/s (Breakout: agent steps of 4 frames), median [p10-p90]",
+                  ["vector", "gymnasium"], ratio_to="gymnasium", ratio_header="{peer} / gymnasium",
+                  ratio_mode="over")
+    rows = [(f"CartPole-v1, local collector, {n} envs", "benchmarks.collection:rltrain_collector",
+             {"env_id": "CartPole-v1", "envs": n, "kind": "local"}, ">= 3x" if n == 16 else "")
+            for n in ((16,) if ctx.quick else (16, 128))]
+    if importlib.util.find_spec("ale_py") is not None:
+        rows += [(f"{ATARI}, {n} envs", "benchmarks.collection:atari_steps", {"envs": n}, ">= 2x")
+                 for n in ((8,) if ctx.quick else (8, 32))]
+    else:
+        table.notes.append("Atari rows need ale-py: pip install 'rltrain[atari]'")
+    for label, ref, kwargs, target in rows:
+        cases = {b: (OURS, ref, {**kwargs, "backend": b}) for b in ("vector", "gymnasium")}
+        samples = rates(ctx, cases, 2 if ctx.quick else 3, seconds, table.notes)
+        table.rows.append(Row(label, {c: Stat(v, "frames/s", higher_is_better=True) if v else None
+                                      for c, v in samples.items()}, target=target))
+    table.notes.append(f"{os.cpu_count()} CPUs: ale-py's vector env steps its emulators in C++ threads")
     return table
 
 
@@ -202,4 +266,4 @@ def startup(ctx) -> Table:
 def run(ctx) -> list[Table]:
     seconds = 1.0 if ctx.quick else 4.0
     envs = ["CartPole-v1"] if ctx.quick else list(ENVS)
-    return [throughput(ctx, env_id, seconds) for env_id in envs] + [startup(ctx)]
+    return [throughput(ctx, env_id, seconds) for env_id in envs] + [backends(ctx, seconds), startup(ctx)]

@@ -23,9 +23,11 @@ SAC_OBS, SAC_ACT, SAC_HIDDEN, SAC_BUFFER = 17, 6, [256, 256], 10_000
 def box_spec(obs: int, act: int):
     import numpy as np
 
-    from rltrain.envs import EnvSpec
+    from rltrain.envs import ActionSpec, EnvSpec, Leaf
 
-    return EnvSpec("bench", (obs,), (act,), None, -np.ones(act, np.float32), np.ones(act, np.float32), None)
+    return EnvSpec("bench", Leaf((obs,), "float32", "vector"),
+                   ActionSpec("box", (act,), "float32", low=-np.ones(act, np.float32), high=np.ones(act, np.float32)),
+                   None)
 
 
 def rltrain_ppo():

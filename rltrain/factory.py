@@ -116,8 +116,10 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
 
     with ExitStack() as cleanup:
         policy = make_policy().to(device)
-        # The reward scaling of env.normalize_reward happens on the learner: the algo is told.
-        reward_scaling = {k: cfg.env[k] for k in ENV_TO_ALGO if cfg.env.get("normalize_reward") and k in cfg.env}
+        # env.sign_reward and env.normalize_reward transform rewards on the learner: the algo is told
+        # (clip_reward only with normalize_reward). Logged episode returns stay the env's own.
+        reward_scaling = {k: cfg.env[k] for k in ENV_TO_ALGO
+                          if k in cfg.env and cfg.env.get("sign_reward" if k == "sign_reward" else "normalize_reward")}
         algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), policy=policy, device=device,
                           total_frames=cfg.trainer.total_frames, **reward_scaling)
         restore.algo(algo, resolved)

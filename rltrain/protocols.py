@@ -20,11 +20,13 @@ class Algo(Protocol):
     """Turns collector batches into learning; its whole state goes into checkpoints.
 
     Capabilities (class attributes, checked by build before anything starts): ``ACTION_SPACES``,
-    the action spaces it learns on; ``NEEDS_PUSHES``, why it cannot work with a sync scheme that
-    never pushes (None: it can).
+    the action-space kinds it learns on (``rltrain.envs.spaces.ActionSpec.kind``);
+    ``OBSERVATIONS``, the observation-leaf kinds (``Leaf.kind``) its networks read;
+    ``NEEDS_PUSHES``, why it cannot work with a sync scheme that never pushes (None: it can).
     """
 
     ACTION_SPACES = ("discrete", "box")
+    OBSERVATIONS = ("vector", "discrete", "multi_discrete")
     NEEDS_PUSHES: str | None = None
 
     def update(self, batch: TensorDict | None, should_stop: Callable[[], bool]) -> dict[str, float] | None:

@@ -23,6 +23,8 @@ from rltrain.algos.networks import ACTIVATIONS
 from rltrain.collectors.distributed import MODES as DISTRIBUTED_MODES
 from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
+from rltrain.envs.spaces import flat_leaves
+from rltrain.envs.vector import BACKENDS, VectorBatchedEnv
 from rltrain.errors import ConfigError
 from rltrain.hooks.base import SCHEDULE_UNITS
 from rltrain.loggers import Logger
@@ -40,7 +42,7 @@ INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger}
 TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "objective", "trainer", "algo", "env", "collector", "sync",
                   "logger", "hooks", "hydra")
 # env keys that build() hands to the algo (the learner scales rewards, whichever process stepped the env).
-ENV_TO_ALGO = ("normalize_reward", "clip_reward")
+ENV_TO_ALGO = ("sign_reward", "normalize_reward", "clip_reward")
 # Keys that build() consumes itself rather than passing to the node's _target_.
 WIRING_KEYS = {"algo": {"network"}, "env": set(ENV_TO_ALGO)}
 # Arguments build() passes at instantiate time; a config must not set them.
@@ -89,6 +91,7 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("env.num_envs", _positive_int, "an integer >= 1", ""),
     ("env.nonfinite", lambda v: v in NONFINITE_ENV, " or ".join(NONFINITE_ENV), ""),
     ("env.normalize_reward", lambda v: isinstance(v, bool), "true or false", ""),
+    ("env.sign_reward", lambda v: isinstance(v, bool), "true or false", ""),
     ("env.clip_reward", lambda v: v is None or _positive(v), "a number > 0, or null (no clip)", ""),
     ("algo.nonfinite", lambda v: v in NONFINITE_ALGO, " or ".join(NONFINITE_ALGO), ""),
     ("collector.frames_per_batch", _positive_int, "an integer >= 1", ""),
@@ -125,13 +128,14 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("algo.alpha", _positive, "a number > 0", ""),
     ("algo.critic_hidden_sizes", lambda v: len(v) > 0 and all(_positive_int(h) for h in v),
      "a non-empty list of integers >= 1", ""),
-    ("algo.network.hidden_sizes", lambda v: len(v) > 0 and all(_positive_int(h) for h in v),
-     "a non-empty list of integers >= 1", ""),
+    ("algo.network.hidden_sizes", lambda v: isinstance(v, list) and all(_positive_int(h) for h in v),
+     "a list of integers >= 1 ([] for a single linear layer over the features, PPO only)", ""),
     ("algo.network.activation", lambda v: v in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}", ""),
     ("resume", lambda v: v is None or (isinstance(v, str) and v != ""),
      "null, auto, or the path of a run dir or checkpoint file", ""),
     ("hooks.eval.episodes", _positive_int, "an integer >= 1", ""),
     ("hooks.eval.video", lambda v: isinstance(v, bool), "true or false", ""),
+    ("env.backend", lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}", ""),
     ("hooks.checkpoint.keep_last", _positive_int, "an integer >= 1", ""),
     ("hooks.checkpoint.replay_buffer", lambda v: isinstance(v, bool), "true or false", ""),
     ("hooks.timing.cuda_sync", lambda v: isinstance(v, bool), "true or false", ""),
@@ -335,25 +339,40 @@ def _check_env(cfg: DictConfig) -> None:
         raise ConfigError(f"env.id must be a gymnasium id string (got {env_id!r})")
     resolve_env_spec(env_id)
     kwargs = OmegaConf.to_container(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
-    try:
-        env = make_gym_env(env_id, kwargs)
-    except TypeError as e:
-        raise ConfigError(f"env.kwargs={kwargs} rejected by {env_id}: {e}") from None
-    try:
-        spec = spec_from_env(env_id, env)
-    finally:
+    wrappers = OmegaConf.to_container(cfg.env.wrappers, resolve=True) if cfg.env.get("wrappers") else []
+    if not isinstance(wrappers, list):
+        raise ConfigError(f"env.wrappers must be a list of {{wrapper: NAME, ...arguments}} (got {wrappers!r})")
+    if cfg.env.get("backend", "gymnasium") == "vector":
+        env = VectorBatchedEnv(env_id, 1, kwargs, wrappers=wrappers)  # refuses ids without a usable vector env
+        spec = env.spec
         env.close()
+    else:
+        try:
+            env = make_gym_env(env_id, kwargs, wrappers)
+        except TypeError as e:
+            raise ConfigError(f"env.kwargs={kwargs} rejected by {env_id}: {e}") from None
+        try:
+            spec = spec_from_env(env_id, env)
+        finally:
+            env.close()
     algo_cls = _import_target("algo", cfg.algo._target_)
+    name = algo_cls.__name__
     supported = capability(algo_cls, Algo, "ACTION_SPACES")
-    kind = "discrete" if spec.discrete else "box"
-    if kind not in supported:
+    if spec.action.kind not in supported:
         raise ConfigError(
-            f"algo={algo_cls.__name__} supports {' and '.join(supported)} action spaces, but env.id={env_id!r} has "
-            f"{'a Discrete' if spec.discrete else 'a Box'} one; use algo=ppo for discrete actions"
+            f"algo={name} supports {', '.join(supported)} action spaces, but env.id={env_id!r} has a "
+            f"{spec.action.kind} one; use algo=ppo (Discrete, Box, MultiDiscrete and MultiBinary actions)"
         )
-    if cfg.env.get("normalize_reward") and "normalize_reward" not in inspect.signature(algo_cls).parameters:
-        raise ConfigError(f"env.normalize_reward=true, but algo={algo_cls.__name__} does not scale rewards (its "
-                          "constructor takes no normalize_reward); use algo=ppo, or env.normalize_reward=false")
+    readable = capability(algo_cls, Algo, "OBSERVATIONS")
+    for key, leaf in flat_leaves(spec.observation).items():
+        if leaf.kind not in readable:
+            raise ConfigError(f"algo={name} reads {', '.join(readable)} observations, but env.id={env_id!r} has an "
+                              f"{leaf.kind} one ({key}: {' x '.join(map(str, leaf.shape))} {leaf.dtype}); use "
+                              "algo=ppo, whose networks encode images with a CNN")
+    for key in ("sign_reward", "normalize_reward"):
+        if cfg.env.get(key) and key not in inspect.signature(algo_cls).parameters:
+            raise ConfigError(f"env.{key}=true, but algo={algo_cls.__name__} does not transform rewards (its "
+                              f"constructor takes no {key}); use algo=ppo, or env.{key}=false")
 
 
 def _check_requires(path: str, cls: type) -> None:
@@ -366,12 +385,16 @@ def _check_requires(path: str, cls: type) -> None:
 
 def _check_video(cfg: DictConfig) -> None:
     """Eval videos need moviepy (gymnasium's RecordVideo) and the env's rgb_array renderer."""
+    if cfg.env.get("backend", "gymnasium") != "gymnasium":
+        raise ConfigError("hooks.eval.video=true records a single gymnasium env, which env.backend="
+                          f"{cfg.env.backend} does not make; set hooks.eval.video=false, or env.backend=gymnasium")
     if importlib.util.find_spec("moviepy") is None:
         raise ConfigError("hooks.eval.video=true records with gymnasium's RecordVideo, which needs moviepy: "
                           "pip install 'rltrain[video]' (or set hooks.eval.video=false)")
     kwargs = OmegaConf.to_container(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
     try:
-        env = make_gym_env(cfg.env.id, {**kwargs, "render_mode": "rgb_array"})
+        wrappers = OmegaConf.to_container(cfg.env.wrappers, resolve=True) if cfg.env.get("wrappers") else []
+        env = make_gym_env(cfg.env.id, {**kwargs, "render_mode": "rgb_array"}, wrappers)
         try:
             env.reset(seed=0)
             env.render()

@@ -50,7 +50,7 @@ BAD_INPUT = [
     (["algo.network.activation=sigmoid"], "algo.network.activation must be one of"),
     (["+hooks.mine._target_=no_such_pkg.Hook"], "hooks.mine._target_='no_such_pkg.Hook' cannot be imported"),
     (["device=tpu"], "device must be cpu, cuda, cuda:N or auto"),
-    (["env.id=ALE/Pong-v5"], "env.id='ALE/Pong-v5'"),
+    (["env.id=ALE/NoSuchGame-v5"], "env.id='ALE/NoSuchGame-v5'"),
     # Keys nothing reads, anywhere in rltrain's own sections, with the closest valid one.
     (["+foo=1"], "foo is not a top-level key of rltrain's config (valid: seed, device, threads, resume, objective, "
                  "trainer,"),
@@ -58,7 +58,7 @@ BAD_INPUT = [
     (["+trainer.total_frame=100"], "trainer.total_frame is not a key of trainer (the arguments of rltrain.Trainer); "
                                    "did you mean trainer.total_frames?"),
     (["+algo.lrr=0.1"], "did you mean algo.lr?"),
-    (["+env.num_env=3"], "env.num_env is not a parameter of rltrain.envs.BatchedEnv; did you mean env.num_envs?"),
+    (["+env.num_env=3"], "env.num_env is not a parameter of rltrain.envs.make_envs; did you mean env.num_envs?"),
     (["algo._target_=tests.policies_for_tests.UpdateOnlyAlgo"],
      "algo._target_=tests.policies_for_tests.UpdateOnlyAlgo lacks state_dict, load_state_dict of rltrain's Algo "
      "interface; add them (see rltrain.protocols.Algo"),

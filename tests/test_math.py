@@ -20,7 +20,7 @@ def test_gaussian_log_prob_and_entropy_match_torch_distributions():
     obs = torch.randn(64, 3)
     action, log_prob = policy.act(obs)
     mean = policy.actor(obs)
-    reference = Normal(mean, policy.log_std.exp())
+    reference = Normal(mean, policy.head.log_std.exp())
     torch.testing.assert_close(log_prob, reference.log_prob(action).sum(-1))
     new_log_prob, entropy, _ = policy.evaluate(obs, action)
     torch.testing.assert_close(new_log_prob, log_prob)

@@ -32,13 +32,14 @@ def test_push_reaches_the_collector_at_the_next_batch_with_buffers_and_version()
     assert next(batches)["policy_version"].unique().tolist() == [0]
     with torch.no_grad():
         learner.actor[0].weight.fill_(0.5)
-    learner.obs_norm.update(torch.randn(100, 4) * 3 + 7)
+    learner.encoder.update(torch.randn(100, 4) * 3 + 7)
     assert sender.push() == 1
     batch = next(batches)
     assert batch["policy_version"].unique().tolist() == [1]
     assert torch.equal(actor.actor[0].weight, torch.full_like(actor.actor[0].weight, 0.5))
-    assert torch.equal(actor.obs_norm.mean, learner.obs_norm.mean)
-    assert actor.obs_norm.count.item() == 100
+    norm, learner_norm = actor.encoder.parts["observation"].norm, learner.encoder.parts["observation"].norm
+    assert torch.equal(norm.mean, learner_norm.mean)
+    assert norm.count.item() == 100
 
 
 def test_learner_changes_without_a_push_never_reach_the_collector():

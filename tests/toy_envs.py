@@ -147,3 +147,101 @@ class SlowStartCartPole(CartPoleEnv):
 
 
 gym.register("SlowStartCartPole-v0", entry_point=SlowStartCartPole, max_episode_steps=500)
+
+
+class CatchEnv(gym.Env):
+    """bsuite's Catch from pixels: a ball falls one row per step from a random column of a
+    ``size`` x ``size`` grid; the agent moves its paddle on the bottom row (left, stay, right).
+    Reward +1 if the paddle is under the ball when it lands, -1 if not; one ball per episode.
+    Observed only as a uint8 image (0 or 255, each cell ``scale`` x ``scale`` pixels) in ``layout``
+    hw, chw or hwc: nothing but pixels says where ball and paddle are. A random policy scores
+    about -0.6; one that tracks the ball, +1. ``continuous``: a 1-D Box action, rounded to a move."""
+
+    def __init__(self, size: int = 5, scale: int = 2, layout: str = "hwc", continuous: bool = False):
+        self.size, self.scale, self.layout = size, scale, layout
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else gym.spaces.Discrete(3)
+        side = size * scale
+        shape = {"hw": (side, side), "chw": (1, side, side), "hwc": (side, side, 1)}[layout]
+        self.observation_space = gym.spaces.Box(0, 255, shape, dtype=np.uint8)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.ball_row, self.ball_col = 0, int(self.np_random.integers(self.size))
+        self.paddle = self.size // 2
+        return self._image(), {}
+
+    def step(self, action):
+        move = int(np.rint(action[0])) if isinstance(self.action_space, gym.spaces.Box) else int(action) - 1
+        self.paddle = int(np.clip(self.paddle + move, 0, self.size - 1))
+        self.ball_row += 1
+        landed = self.ball_row == self.size - 1
+        reward = (1.0 if self.paddle == self.ball_col else -1.0) if landed else 0.0
+        return self._image(), reward, landed, False, {}
+
+    def _image(self) -> np.ndarray:
+        grid = np.zeros((self.size, self.size), dtype=np.uint8)
+        grid[self.ball_row, self.ball_col] = 255
+        grid[self.size - 1, self.paddle] = 255
+        image = grid.repeat(self.scale, 0).repeat(self.scale, 1)
+        return {"hw": image, "chw": image[None], "hwc": image[..., None]}[self.layout]
+
+
+gym.register("Catch-v0", entry_point=CatchEnv, max_episode_steps=100)
+
+
+class GoalCorridorEnv(gym.Env):
+    """A Dict observation: ``position`` (a Box, the agent's cell / length) and ``goal`` (a Discrete
+    cell, one-hot in the network) on a corridor of ``length`` cells; actions left / right. Reward
+    +1 on reaching the goal (the episode ends), -0.05 per other step, truncated after 2 x length
+    steps. Only both keys together say which way to go. Random: about 0.1; going straight there:
+    about 0.9."""
+
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length: int = 8):
+        self.length = length
+        self.observation_space = gym.spaces.Dict({"position": gym.spaces.Box(0.0, 1.0, (1,), np.float32),
+                                                  "goal": gym.spaces.Discrete(length)})
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.position, self.goal = self.np_random.choice(self.length, size=2, replace=False).tolist()
+        return self._obs(), {}
+
+    def step(self, action):
+        self.position = int(np.clip(self.position + (1 if action else -1), 0, self.length - 1))
+        reached = self.position == self.goal
+        return self._obs(), 1.0 if reached else -0.05, reached, False, {}
+
+    def _obs(self) -> dict:
+        return {"position": np.array([self.position / self.length], dtype=np.float32), "goal": self.goal}
+
+
+gym.register("GoalCorridor-v0", entry_point=GoalCorridorEnv, max_episode_steps=16)
+
+
+class MatchDigitsEnv(gym.Env):
+    """MultiDiscrete actions: show ``k`` target digits (each of ``n`` values, observed as floats
+    in [0, 1]); the action is ``k`` digits, rewarded by the fraction matched (MultiBinary with
+    ``binary=True``: k bits). New targets every step, 10 steps per episode. Random: 10 / n per
+    episode; matching every digit: 10."""
+
+    def __init__(self, k: int = 3, n: int = 3, binary: bool = False):
+        self.k, self.n = k, 2 if binary else n
+        self.observation_space = gym.spaces.Box(0.0, 1.0, (k,), np.float32)
+        self.action_space = gym.spaces.MultiBinary(k) if binary else gym.spaces.MultiDiscrete([n] * k)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self._draw(), {}
+
+    def step(self, action):
+        reward = float(np.mean(np.asarray(action) == self.target))
+        return self._draw(), reward, False, False, {}
+
+    def _draw(self) -> np.ndarray:
+        self.target = self.np_random.integers(self.n, size=self.k)
+        return (self.target / max(self.n - 1, 1)).astype(np.float32)
+
+
+gym.register("MatchDigits-v0", entry_point=MatchDigitsEnv, max_episode_steps=10)

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 class PPO:
     """The learner side of PPO: owns the policy's optimizer and turns batches into updates."""
 
-    ACTION_SPACES = ("discrete", "box")
+    ACTION_SPACES = ("discrete", "box", "multi_discrete", "multi_binary")
+    OBSERVATIONS = ("vector", "discrete", "multi_discrete", "image")
 
     def __init__(
         self,
@@ -49,6 +50,7 @@ class PPO:
         target_kl: float | None = None,  # stop the epochs early once the approximate KL exceeds this
         adam_eps: float = 1e-5,  # Adam epsilon
         nonfinite: str = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
+        sign_reward: bool = False,  # set from env.sign_reward: learn from sign(reward) (Atari's reward clipping)
         normalize_reward: bool = False,  # set from env.normalize_reward: rewards / std of the discounted return
         clip_reward: float | None = 10.0,  # set from env.clip_reward: normalized rewards clipped to +-this
     ):
@@ -67,6 +69,7 @@ class PPO:
         self.guard = NonFiniteGuard({"ppo": self.optimizer}, nonfinite, self.device)
         # On the learner, so every env (in-process, in workers, on other ranks) is scaled alike.
         self.reward_norm = ReturnNormalizer(gamma, clip_reward) if normalize_reward else None
+        self.sign_reward = sign_reward
         self.frames = 0
         self._pending: dict | None = None  # the update under way: its data and how far it got
 
@@ -105,6 +108,8 @@ class PPO:
 
         # Advantages with the current critic for the whole batch, bootstrapping from ("next", "observation").
         obs, action, reward = batch["observation"], batch["action"], batch["reward"]
+        if self.sign_reward:
+            reward = reward.sign()
         if self.reward_norm is not None:
             reward = self.reward_norm(reward, batch["done"])
         with torch.no_grad():
@@ -176,7 +181,7 @@ class PPO:
 
         # Fold this batch into the observation statistics only now, so the epochs above used the
         # same normalization the collector acted with; the next push carries the new statistics.
-        self.policy.obs_norm.update(p["obs"])
+        self.policy.encoder.update(p["obs"])
 
         mean = torch.stack(p["losses"]).mean(0).tolist() + torch.stack(p["diagnostics"]).mean(0).tolist()
         returns, old_value = p["returns"], p["old_value"]

@@ -31,6 +31,7 @@ class SAC:
     """The learner side of SAC: actor, twin critics with targets, temperature, replay buffer."""
 
     ACTION_SPACES = ("box",)
+    OBSERVATIONS = ("vector", "discrete", "multi_discrete")  # no images: its critics read the actor's features
     NEEDS_PUSHES = ("the end of the warm-up reaches collectors through a weight push, so they would act uniformly "
                     "at random for the whole run")
 
@@ -56,7 +57,7 @@ class SAC:
         self.policy, self.device, self.total_frames = policy, torch.device(device), total_frames
         self.gamma, self.tau, self.batch_size, self.utd = gamma, tau, batch_size, utd
         self.warmup_frames, self.autotune = warmup_frames, autotune
-        obs_dim = policy.obs_norm.mean.numel()
+        obs_dim = policy.encoder.out_dim
         act_dim = policy.action_scale.numel()
         self.q = TwinQ(obs_dim, act_dim, list(critic_hidden_sizes)).to(self.device)
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
@@ -141,7 +142,7 @@ class SAC:
         frames = batch.numel()
         self.frames += frames
         self.buffer.extend(batch.select(*_STORED_KEYS))
-        self.policy.obs_norm.update(batch["observation"].to(self.device))
+        self.policy.encoder.update(batch["observation"].to(self.device))
         if self.frames < self.warmup_frames:
             return 0
         if self.policy.uniform:
@@ -154,7 +155,7 @@ class SAC:
         policy, q, q_target = self.policy, self.q, self.q_target
         b = self.buffer.sample(self.batch_size)
         obs, action, next_obs = b["observation"], b["action"].flatten(1), b["next", "observation"]
-        critic_obs, critic_next_obs = policy.obs_norm(obs).flatten(1), policy.obs_norm(next_obs).flatten(1)
+        critic_obs, critic_next_obs = policy.encoder(obs), policy.encoder(next_obs)
         alpha = self.log_alpha.exp().detach()
 
         # Critics: soft Bellman target from the target twins' minimum, bootstrapping unless terminated.

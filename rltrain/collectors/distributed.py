@@ -35,8 +35,8 @@ import torch
 from tensordict import TensorDict
 
 from rltrain import distributed as rd
-from rltrain.collectors.batch import as_batch
-from rltrain.collectors.rollout import FRAME_KEYS, frame_layout
+from rltrain.collectors.batch import as_batch, batch_key
+from rltrain.collectors.rollout import frame_layout
 from rltrain.collectors.worker import Backlog
 from rltrain.envs.batched import EnvSpec
 from rltrain.errors import CollectorError, ConfigError
@@ -107,6 +107,7 @@ class DistributedCollector(Collector):
         self._sender, self._ranks = sender, list(range(1, n + 1))
         steps = rank_steps(frames_per_batch, mode, n, envs_per_rank)
         self._buffers = {r: _frame_buffer(env_spec, steps, envs_per_rank) for r in self._ranks}
+        self._frame_keys = list(frame_layout(env_spec, 1, 1))
         self._backlog = Backlog(n + 1, max_lag) if mode == "async" and max_lag is not None else None
         self._done: queue.Queue = queue.Queue()
         self._receiving: dict[int, threading.Thread] = {}  # async: the batch each commanded rank is sending
@@ -198,7 +199,7 @@ class DistributedCollector(Collector):
                 self._command(r, COLLECT, arg=self._sender.version)
             for r in self._ranks:
                 self._receive(r, BATCH)
-            yield as_batch({k: torch.cat([self._frames(r)[k] for r in self._ranks], dim=1) for k in FRAME_KEYS})
+            yield as_batch({k: torch.cat([self._frames(r)[k] for r in self._ranks], dim=1) for k in self._frame_keys})
 
     def _async(self) -> Iterator[TensorDict]:
         idle, backlog, ready = set(self._ranks), self._backlog, []
@@ -351,8 +352,8 @@ class _RankServer:
             self.relay.push()
         batch = next(self.batches)
         views = self.buffer.views
-        for key in FRAME_KEYS:
-            views[key].copy_(batch["next", "observation"] if key == "next_observation" else batch[key])
+        for key, view in views.items():
+            view.copy_(batch[batch_key(key)])
 
     def _load(self, state) -> str | None:
         try:

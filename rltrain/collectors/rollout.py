@@ -13,22 +13,22 @@ import torch
 from torch import nn
 
 from rltrain.envs.batched import BatchedEnv, EnvSpec
+from rltrain.envs.spaces import flat_leaves, map_obs, nest, to_torch
 from rltrain.sync.base import WeightReceiver
 
 log = logging.getLogger("rltrain")
 
-# Per-frame arrays of a batch of shape [T, N]. ``next_observation`` becomes ("next", "observation").
-FRAME_KEYS = ("observation", "next_observation", "action", "log_prob", "reward", "terminated", "truncated",
-              "episode_return", "episode_length", "policy_version", "nonfinite")
-
-
 def frame_layout(spec: EnvSpec, steps: int, num_envs: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """Shape and dtype of every per-frame array for ``steps`` steps of ``num_envs`` envs."""
+    """Shape and dtype of every per-frame array of a ``[steps, num_envs]`` batch, by frame key.
+
+    ``next_observation`` becomes ("next", "observation") in the batch; a Dict observation has one
+    array per key, ``observation.<key>`` (see ``rltrain.envs.spaces.flat_leaves``).
+    """
     tn = (steps, num_envs)
+    leaves = {**flat_leaves(spec.observation, "observation"), **flat_leaves(spec.observation, "next_observation")}
     return {
-        "observation": ((*tn, *spec.obs_shape), np.float32),
-        "next_observation": ((*tn, *spec.obs_shape), np.float32),
-        "action": ((*tn, *spec.action_shape), np.int64 if spec.discrete else np.float32),
+        **{key: ((*tn, *leaf.shape), np.dtype(leaf.dtype)) for key, leaf in leaves.items()},
+        "action": ((*tn, *spec.action.shape), np.dtype(spec.action.dtype)),
         "log_prob": (tn, np.float32),
         "reward": (tn, np.float32),
         "terminated": (tn, np.bool_),
@@ -59,7 +59,7 @@ class Rollout:
     def __init__(self, env: BatchedEnv, policy: nn.Module, receiver: WeightReceiver, poll_each_step: bool = False):
         self.env, self.policy, self.receiver = env, policy, receiver
         self.poll_each_step = poll_each_step
-        self._obs = env.reset().copy()
+        self._obs = map_obs(np.copy, env.reset())
         self._ep_return = np.zeros(env.num_envs, dtype=np.float32)
         self._ep_length = np.zeros(env.num_envs, dtype=np.int64)
         self._warned_unsaveable = False
@@ -68,22 +68,25 @@ class Rollout:
         """Fill ``out`` (arrays shaped as ``frame_layout``) with ``len(out["reward"])`` steps."""
         env, policy, receiver = self.env, self.policy, self.receiver
         obs, ep_return, ep_length = self._obs, self._ep_return, self._ep_length
-        o_obs, o_next, o_act, o_logp = out["observation"], out["next_observation"], out["action"], out["log_prob"]
+        o_obs, o_next = nest(out, "observation"), nest(out, "next_observation")
+        o_act, o_logp = out["action"], out["log_prob"]
         o_rew, o_term, o_trunc = out["reward"], out["terminated"], out["truncated"]
         o_ret, o_len, o_ver = out["episode_return"], out["episode_length"], out["policy_version"]
         o_nonfinite = out["nonfinite"] if env.nonfinite == "replace" else None  # else never set
+        store = _store_keys if isinstance(o_obs, dict) else _store
         receiver.poll()  # new weights, if any, only at this boundary (or between steps, below)
         with torch.inference_mode():
             for t in range(o_rew.shape[0]):
                 if self.poll_each_step and t:
                     receiver.poll()
                 o_ver[t] = receiver.version
-                o_obs[t] = obs
-                action, log_prob = policy.act(torch.from_numpy(o_obs[t]))
+                obs_t = store(o_obs, t, obs)
+                action, log_prob = policy.act(to_torch(obs_t))
                 o_act[t] = action.numpy()
                 o_logp[t] = log_prob.numpy()
                 next_obs, reward, terminated, truncated, obs = env.step(o_act[t])
-                o_next[t], o_rew[t] = next_obs, reward
+                store(o_next, t, next_obs)
+                o_rew[t] = reward
                 o_term[t], o_trunc[t] = terminated, truncated
                 if o_nonfinite is not None:
                     o_nonfinite[t] = env.replaced
@@ -93,7 +96,7 @@ class Rollout:
                 done = terminated | truncated
                 ep_return[done] = 0.0
                 ep_length[done] = 0
-        self._obs = obs.copy()  # the env reuses its array
+        self._obs = map_obs(np.copy, obs)  # the env reuses its arrays
 
     def state_dict(self) -> dict | None:
         """Where every env is mid-episode, or None if the env's state cannot be captured."""
@@ -104,12 +107,24 @@ class Rollout:
                 log.warning("the state of %s envs cannot be saved (not picklable): a resumed run starts "
                             "them on fresh episodes", self.env.id)
             return None
-        return {"envs": envs, "obs": torch.from_numpy(self._obs.copy()),
+        return {"envs": envs, "obs": map_obs(lambda o: torch.from_numpy(o.copy()), self._obs),
                 "episode_return": torch.from_numpy(self._ep_return.copy()),
                 "episode_length": torch.from_numpy(self._ep_length.copy())}
 
     def load_state_dict(self, state: dict) -> None:
         self.env.load_state_dict(state["envs"])
-        self._obs = state["obs"].numpy().copy()
+        self._obs = map_obs(lambda o: o.numpy().copy(), state["obs"])
         self._ep_return = state["episode_return"].numpy().copy()
         self._ep_length = state["episode_length"].numpy().copy()
+
+
+def _store(out: np.ndarray, t: int, obs: np.ndarray) -> np.ndarray:
+    """Write ``obs`` into step ``t`` of ``out``; return that step's row (what the policy reads)."""
+    out[t] = obs
+    return out[t]
+
+
+def _store_keys(out: dict[str, np.ndarray], t: int, obs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    for key, values in out.items():
+        values[t] = obs[key]
+    return {key: values[t] for key, values in out.items()}

@@ -1,6 +1,10 @@
-"""Gymnasium environments batched in-process and described as TensorDict-ready specs."""
+"""Gymnasium environments batched in-process (a loop, or the simulator's own vector env) and
+described as TensorDict-ready specs."""
 
-from rltrain.envs.batched import BatchedEnv, EnvSpec, resolve_env_spec
+from rltrain.envs.batched import BatchedEnv, EnvBatch, EnvSpec, resolve_env_spec
 from rltrain.envs.normalization import ObsNormalizer, ReturnNormalizer
+from rltrain.envs.spaces import ActionSpec, Leaf
+from rltrain.envs.vector import VectorBatchedEnv, make_envs
 
-__all__ = ["BatchedEnv", "EnvSpec", "ObsNormalizer", "ReturnNormalizer", "resolve_env_spec"]
+__all__ = ["ActionSpec", "BatchedEnv", "EnvBatch", "EnvSpec", "Leaf", "ObsNormalizer", "ReturnNormalizer",
+           "VectorBatchedEnv", "make_envs", "resolve_env_spec"]

@@ -2,9 +2,9 @@
 
 Each env resets itself the moment its episode ends, and the step that ended it still reports
 the true final observation, so a truncated episode can bootstrap from where it really stopped.
-An env that raises, or returns a NaN or infinite observation or reward, fails with an EnvError
-naming it, its step and the key (or, with ``nonfinite="replace"``, such values become 0 and the
-envs they came from are flagged in ``replaced``).
+``EnvBatch`` holds what every backend shares (buffers, NaN/inf checks, error messages);
+``BatchedEnv`` is the Python loop over gymnasium envs (``env.backend=gymnasium``), and
+``rltrain.envs.vector`` the simulators' own vectorized implementations.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 import rltrain.envs.env_state as env_state
+from rltrain.envs.spaces import ActionSpec, Leaf, Observation, action_spec, observation_spec, zeros
 from rltrain.errors import ConfigError, EnvError
 
 NONFINITE = ("error", "replace")  # what a NaN/inf observation or reward does: fail the run, or become 0
@@ -28,20 +29,42 @@ class EnvSpec:
     """What the policy and the buffers need to know about an env's spaces."""
 
     id: str
-    obs_shape: tuple[int, ...]
-    action_shape: tuple[int, ...]  # () for discrete actions
-    num_actions: int | None  # set for Discrete action spaces, None for Box
-    action_low: np.ndarray | None  # Box bounds (None for Discrete)
-    action_high: np.ndarray | None
+    observation: Observation  # one Leaf, or a dict of them (a Dict space)
+    action: ActionSpec
     reward_threshold: float | None  # gymnasium's "solved" return, if the env declares one
 
     @property
     def discrete(self) -> bool:
-        return self.num_actions is not None
+        return self.action.kind == "discrete"
+
+    @property
+    def num_actions(self) -> int | None:
+        """Set for Discrete action spaces, None otherwise."""
+        return self.action.nvec[0] if self.discrete else None
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        return self.action.shape
+
+    @property
+    def action_low(self) -> np.ndarray | None:
+        return self.action.low
+
+    @property
+    def action_high(self) -> np.ndarray | None:
+        return self.action.high
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """The observation's shape (a single-array observation only)."""
+        if not isinstance(self.observation, Leaf):
+            raise TypeError(f"{self.id} has a Dict observation ({sorted(self.observation)}): it has no single shape")
+        return self.observation.shape
 
 
 def resolve_env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
-    """Look up a gymnasium id (also ``module:Name-v0``, importing the module) or raise ConfigError."""
+    """Look up a gymnasium id (also ``module:Name-v0``, importing the module) or raise ConfigError.
+    ``ALE/...`` ids import ale-py, which registers the Atari games."""
     name = env_id
     if ":" in env_id:
         module, name = env_id.split(":", 1)
@@ -52,6 +75,13 @@ def resolve_env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
                 f"env.id={env_id!r}: could not import module {module!r} ({e}); "
                 "the part before ':' must be an importable module that registers the env"
             ) from None
+    elif env_id.startswith("ALE/") and env_id not in gym.registry:
+        try:
+            import ale_py
+        except ImportError:
+            raise ConfigError(f"env.id={env_id!r} is an Atari game, which needs ale-py: pip install 'rltrain[atari]'"
+                              ) from None
+        gym.register_envs(ale_py)
     try:
         return gym.spec(name)
     except gym.error.Error as e:
@@ -61,122 +91,141 @@ def resolve_env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
         ) from None
 
 
-def make_gym_env(env_id: str, kwargs: dict | None = None) -> gym.Env:
-    """Create one gymnasium env, turning a missing optional dependency into a ConfigError."""
+def make_gym_env(env_id: str, kwargs: dict | None = None, wrappers: list[dict] | None = None) -> gym.Env:
+    """Create one gymnasium env with ``wrappers`` applied in order, turning a missing optional
+    dependency or a wrapper that does not fit into a ConfigError."""
     resolve_env_spec(env_id)
     try:
         # The passive checker costs ~30% of a CartPole step and only warns; users can wrap their own.
-        return gym.make(env_id, disable_env_checker=True, **(kwargs or {}))
+        env = gym.make(env_id, disable_env_checker=True, **(kwargs or {}))
     except gym.error.DependencyNotInstalled as e:
         raise ConfigError(
             f"env.id={env_id!r} needs an optional package: {e}. "
-            "For MuJoCo envs: pip install 'rltrain[mujoco]'"
+            "For MuJoCo envs: pip install 'rltrain[mujoco]'; for Atari: pip install 'rltrain[atari]'"
         ) from None
+    for i, item in enumerate(wrappers or []):
+        wrapper, args = resolve_wrapper(item, i)
+        try:
+            env = wrapper(env, **args)
+        except Exception as e:  # noqa: BLE001  (a wrapper refuses an env or its arguments in many ways)
+            env.close()
+            raise ConfigError(f"env.wrappers[{i}] ({item['wrapper']}) failed on {env_id}: {type(e).__name__}: {e}"
+                              ) from None
+    return env
+
+
+def resolve_wrapper(item: dict, i: int) -> tuple[type, dict]:
+    """``{"wrapper": NAME, **arguments}`` -> (the wrapper class, its arguments). NAME is a class of
+    ``gymnasium.wrappers`` (``FrameStackObservation``) or a dotted path (``my_module.MyWrapper``)."""
+    where = f"env.wrappers[{i}]"
+    if not isinstance(item, dict) or not isinstance(item.get("wrapper"), str):
+        raise ConfigError(f"{where} must be a mapping with a 'wrapper' key naming the wrapper, and its arguments "
+                          f"beside it, e.g. {{wrapper: FrameStackObservation, stack_size: 4}} (got {item!r})")
+    name = item["wrapper"]
+    module, _, attr = name.rpartition(".")
+    try:
+        wrapper = getattr(importlib.import_module(module or "gymnasium.wrappers"), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(f"{where}: wrapper {name!r} not found ({e}); give a class of gymnasium.wrappers "
+                          "(e.g. AtariPreprocessing) or a dotted path (my_module.MyWrapper)") from None
+    return wrapper, {k: v for k, v in item.items() if k != "wrapper"}
 
 
 def spec_from_env(env_id: str, env: gym.Env) -> EnvSpec:
-    obs, act = env.observation_space, env.action_space
-    if not isinstance(obs, gym.spaces.Box):
-        raise ConfigError(
-            f"env.id={env_id!r} has a {type(obs).__name__} observation space; rltrain supports Box "
-            "observations (wrap the env, e.g. with gymnasium.wrappers.FlattenObservation)"
-        )
-    if isinstance(act, gym.spaces.Discrete):
-        return EnvSpec(env_id, obs.shape, (), int(act.n), None, None, _threshold(env))
-    if isinstance(act, gym.spaces.Box):
-        return EnvSpec(env_id, obs.shape, act.shape, None, act.low.astype(np.float32),
-                       act.high.astype(np.float32), _threshold(env))
-    raise ConfigError(
-        f"env.id={env_id!r} has a {type(act).__name__} action space; rltrain supports Discrete and Box"
-    )
+    """The env's spaces as rltrain describes them; a ConfigError for a space it does not support."""
+    return spec_from_spaces(env_id, env.observation_space, env.action_space, _threshold(env))
+
+
+def spec_from_spaces(env_id: str, observation: gym.Space, action: gym.Space, reward_threshold: float | None) -> EnvSpec:
+    return EnvSpec(env_id, observation_spec(env_id, observation), action_spec(env_id, action), reward_threshold)
 
 
 def _threshold(env: gym.Env) -> float | None:
     return None if env.spec is None else env.spec.reward_threshold
 
 
-class BatchedEnv:
-    """``num_envs`` copies of one gymnasium env, stepped together.
+def _setter(buffer: np.ndarray | dict[str, np.ndarray]):
+    """``set(i, obs)`` writing one env's observation into row i of ``buffer`` (each key's array)."""
+    if isinstance(buffer, np.ndarray):
+        return buffer.__setitem__
 
-    Observations come back as float32 arrays of shape ``[num_envs, *obs_shape]``. ``step`` returns
-    ``next_obs`` (the observation each env reached, the true final one where an episode ended)
-    and ``obs`` (what the policy sees next: the reset observation where an episode ended).
+    def set_keys(i: int, obs: dict) -> None:
+        for key, values in buffer.items():
+            values[i] = obs[key]
+
+    return set_keys
+
+
+def _float_leaves(buffer: np.ndarray | dict[str, np.ndarray]) -> list[tuple[str, np.ndarray]]:
+    arrays = {"observation": buffer} if isinstance(buffer, np.ndarray) else {
+        f"observation[{key!r}]": values for key, values in buffer.items()}
+    return [(name, values) for name, values in arrays.items() if values.dtype.kind == "f"]
+
+
+class EnvBatch:
+    """What every backend shares: ``num_envs`` envs of one spec stepped together, and the checks
+    on what they return.
+
+    Observations come back as arrays of shape ``[num_envs, *leaf.shape]`` in each leaf's dtype
+    (float32 for float Boxes, uint8 images as uint8), or a dict of them for a Dict space. ``step``
+    returns ``next_obs`` (the observation each env reached, the true final one where an episode
+    ended) and ``obs`` (what the policy sees next: the reset observation where an episode ended).
+    An env that raises, or returns a NaN or infinite observation or reward, fails with an EnvError
+    naming it, its step and the key (or, with ``nonfinite="replace"``, such values become 0 and the
+    envs they came from are flagged in ``replaced``).
     """
 
-    def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
-                 reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error"):
+    def __init__(self, id: str, num_envs: int, spec: EnvSpec, seed: int, reward_threshold: float | None,
+                 nonfinite: str):
         if nonfinite not in NONFINITE:
             raise ValueError(f"nonfinite must be one of {NONFINITE} (got {nonfinite!r})")
-        self.id = id
-        self.num_envs = num_envs
-        self.nonfinite = nonfinite
+        self.id, self.num_envs, self.nonfinite, self.seed = id, num_envs, nonfinite, seed
         self.steps = 0  # steps taken by every env of this batch (what error messages count in)
-        kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
-        self.envs = [make_gym_env(id, kwargs) for _ in range(num_envs)]
-        self.spec = spec_from_env(id, self.envs[0])
+        self.spec = spec
         if reward_threshold is not None:  # ours, for envs where gymnasium declares none
             self.spec = dataclasses.replace(self.spec, reward_threshold=reward_threshold)
-        self.seed = seed
-        self._obs = np.zeros((num_envs, *self.spec.obs_shape), dtype=np.float32)
-        self._next_obs = np.zeros_like(self._obs)
+        self._obs = zeros(self.spec.observation, (num_envs,))
+        self._next_obs = zeros(self.spec.observation, (num_envs,))
+        # The leaves that can hold NaN/inf (float ones), as (name, array) pairs of each buffer.
+        self._float_obs, self._float_next = _float_leaves(self._obs), _float_leaves(self._next_obs)
         self._reward = np.zeros(num_envs, dtype=np.float32)
         self._terminated = np.zeros(num_envs, dtype=bool)
         self._truncated = np.zeros(num_envs, dtype=bool)
         self.replaced = np.zeros(num_envs, dtype=bool)  # envs whose last step had NaN/inf values set to 0
-        if not self.spec.discrete:
+        self._clip = self.spec.action.kind == "box"
+        if self._clip:
             self._low, self._high = self.spec.action_low, self.spec.action_high
 
-    def reset(self) -> np.ndarray:
-        for i, env in enumerate(self.envs):
-            try:
-                self._obs[i], _ = env.reset(seed=self.seed + i)
-            except Exception as e:  # noqa: BLE001  (whatever the env raises: name the env and the call)
-                raise self._raised(i, "reset", e, self.steps) from e
-            env.action_space.seed(self.seed + i)
+    def _checked_reset(self) -> np.ndarray | dict[str, np.ndarray]:
         self.replaced[:] = False
-        if not np.isfinite(self._obs).all():
-            self._nonfinite("observation", self._obs, "reset")
+        for name, values in self._float_obs:
+            if not np.isfinite(values).all():
+                self._nonfinite(name, values, "reset")
         return self._obs
 
-    def step(self, actions: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Step every env; returns (next_obs, reward, terminated, truncated, obs), views reused
-        by the next call: copy what you keep."""
-        if not self.spec.discrete:
-            # The policy's Gaussian is unbounded; the env gets the action clipped to its box.
-            actions = np.clip(actions, self._low, self._high)
-        obs, next_obs = self._obs, self._next_obs
-        resets = False
-        for i, env in enumerate(self.envs):
-            try:
-                o, r, term, trunc, _ = env.step(actions[i])
-                next_obs[i] = o
-                self._reward[i] = r
-            except Exception as e:  # noqa: BLE001
-                raise self._raised(i, "step", e, self.steps + 1) from e
-            self._terminated[i] = term
-            self._truncated[i] = trunc
-            if term or trunc:
-                resets = True
-                try:
-                    o, _ = env.reset()
-                except Exception as e:  # noqa: BLE001
-                    raise self._raised(i, "reset", e, self.steps + 1) from e
-            obs[i] = o
+    def _checked_step(self, resets: bool) -> tuple:
+        """The step's results, once checked for NaN/inf (``resets``: some env was reset in it)."""
         self.steps += 1
         if self.nonfinite == "replace":
             self.replaced[:] = False
         # One cheap test per step: a sum is NaN or inf if any term is (or if it overflows: then the
         # slow path finds nothing to fix). Only the slow path looks for which env and key.
-        if not math.isfinite(self._reward.sum() + next_obs.sum() + (obs.sum() if resets else 0.0)):
+        total = self._reward.sum() + sum(v.sum() for _, v in self._float_next)
+        if resets:
+            total += sum(v.sum() for _, v in self._float_obs)
+        if not math.isfinite(total):
             self._nonfinite("reward", self._reward, "step")
-            self._nonfinite("observation", next_obs, "step")
+            for name, values in self._float_next:
+                self._nonfinite(name, values, "step")
             ongoing = ~(self._terminated | self._truncated)
-            obs[ongoing] = next_obs[ongoing]  # what the policy sees next, where no episode ended
-            self._nonfinite("observation", obs, "reset")
-        return next_obs, self._reward, self._terminated, self._truncated, obs
+            for (name, obs), (_, next_obs) in zip(self._float_obs, self._float_next):
+                obs[ongoing] = next_obs[ongoing]  # what the policy sees next, where no episode ended
+                self._nonfinite(name, obs, "reset")
+        return self._next_obs, self._reward, self._terminated, self._truncated, self._obs
 
-    def _raised(self, i: int, method: str, error: Exception, step: int) -> EnvError:
-        return EnvError(f"env {self.id} (env {i} of {self.num_envs}) raised in {method}() at its step {step}: "
+    def _raised(self, i: int | None, method: str, error: Exception, step: int) -> EnvError:
+        which = f"env {i} of {self.num_envs}" if i is not None else f"{self.num_envs} envs, vectorized"
+        return EnvError(f"env {self.id} ({which}) raised in {method}() at its step {step}: "
                         f"{type(error).__name__}: {error}")
 
     def _nonfinite(self, key: str, values: np.ndarray, method: str) -> None:
@@ -192,6 +241,57 @@ class BatchedEnv:
                            "(nonfinite/env_frames)")
         np.nan_to_num(values, copy=False, nan=0.0, posinf=0.0, neginf=0.0)
         self.replaced |= bad
+
+
+class BatchedEnv(EnvBatch):
+    """``env.backend=gymnasium``: ``num_envs`` copies of one gymnasium env, stepped in a Python loop,
+    each reset the moment its episode ends (see ``EnvBatch`` for what steps return)."""
+
+    def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
+                 reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
+                 wrappers: list[dict] | None = None):
+        if nonfinite not in NONFINITE:
+            raise ValueError(f"nonfinite must be one of {NONFINITE} (got {nonfinite!r})")
+        kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
+        self.envs = [make_gym_env(id, kwargs, wrappers) for _ in range(num_envs)]
+        super().__init__(id, num_envs, spec_from_env(id, self.envs[0]), seed, reward_threshold, nonfinite)
+        self._set_obs, self._set_next = _setter(self._obs), _setter(self._next_obs)
+
+    def reset(self) -> np.ndarray | dict[str, np.ndarray]:
+        for i, env in enumerate(self.envs):
+            try:
+                o, _ = env.reset(seed=self.seed + i)
+                self._set_obs(i, o)
+            except Exception as e:  # noqa: BLE001  (whatever the env raises: name the env and the call)
+                raise self._raised(i, "reset", e, self.steps) from e
+            env.action_space.seed(self.seed + i)
+        return self._checked_reset()
+
+    def step(self, actions: np.ndarray) -> tuple:
+        """Step every env; returns (next_obs, reward, terminated, truncated, obs), views reused
+        by the next call: copy what you keep."""
+        if self._clip:
+            # The policy's Gaussian is unbounded; the env gets the action clipped to its box.
+            actions = np.clip(actions, self._low, self._high)
+        set_obs, set_next = self._set_obs, self._set_next
+        resets = False
+        for i, env in enumerate(self.envs):
+            try:
+                o, r, term, trunc, _ = env.step(actions[i])
+                set_next(i, o)
+                self._reward[i] = r
+            except Exception as e:  # noqa: BLE001
+                raise self._raised(i, "step", e, self.steps + 1) from e
+            self._terminated[i] = term
+            self._truncated[i] = trunc
+            if term or trunc:
+                resets = True
+                try:
+                    o, _ = env.reset()
+                except Exception as e:  # noqa: BLE001
+                    raise self._raised(i, "reset", e, self.steps + 1) from e
+            set_obs(i, o)
+        return self._checked_step(resets)
 
     def state_dict(self) -> list[bytes] | None:
         """Every env's full state (see ``env_state``), or None if one of them cannot be captured."""

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from rltrain.envs import BatchedEnv
+from rltrain.envs.spaces import to_torch
 from rltrain.hooks.base import Hook
 from rltrain.state import TrainState
 
@@ -77,7 +78,7 @@ class EvalHook(Hook):
         try:
             with torch.inference_mode():
                 for _ in range(self.max_steps):
-                    action, _ = self.policy.act(torch.from_numpy(obs).to(self.device), deterministic=True)
+                    action, _ = self.policy.act(to_torch(obs, self.device), deterministic=True)
                     _, reward, terminated, truncated, obs = env.step(action.cpu().numpy())
                     returns += reward * running
                     lengths += running

@@ -1,0 +1,166 @@
+"""``env.backend=vector``: the simulator's own vectorized implementation of an env, stepped as one.
+
+gymnasium registers one for some ids (``vector_entry_point``: CartPole's numpy ``CartPoleVectorEnv``,
+ale-py's C++-threaded ``AtariVectorEnv`` for every ``ALE/`` game). rltrain needs each ended episode
+reset in the step that ended it, with the true final observation beside the reset one
+(gymnasium's ``SAME_STEP`` autoreset): Atari's vector env does that when asked, and for CartPole,
+whose vector env only resets on the step after, ``CartPoleSameStep`` below does it. Other vector
+envs that reset only on the next step are refused: their batches would hold one frame per
+episode that is no transition at all.
+
+Checkpoints hold the vector env's state where it pickles (CartPole); Atari's emulators do not
+pickle, so a resumed run starts them on fresh episodes (the collector warns).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import pickle
+
+import numpy as np
+from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
+from gymnasium.vector import AutoresetMode
+
+from rltrain.envs.batched import BatchedEnv, EnvBatch, resolve_env_spec, spec_from_spaces
+from rltrain.envs.spaces import map_obs
+from rltrain.errors import ConfigError
+
+BACKENDS = ("gymnasium", "vector")
+
+
+class CartPoleSameStep(CartPoleVectorEnv):
+    """gymnasium's CartPoleVectorEnv with each ended episode reset in the same step: the final
+    observations go to ``info["final_obs"]`` (where ``info["_final_obs"]``), as gymnasium's
+    SAME_STEP vector envs report them. The dynamics and the reset distribution are CartPole's own."""
+
+    metadata = {**CartPoleVectorEnv.metadata, "autoreset_mode": AutoresetMode.SAME_STEP}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        done = terminated | truncated
+        self.prev_done[:] = False  # reset below, not in the next step
+        if done.any():
+            info = {**info, "final_obs": obs.copy(), "_final_obs": done}
+            self.state[:, done] = self.np_random.uniform(low=self.low, high=self.high, size=(4, int(done.sum())))
+            self.steps[done] = 0
+            obs = self.state.T.astype(np.float32)
+        return obs, reward, terminated, truncated, info
+
+
+# Vector envs that reset only on the next step, and the same-step version rltrain uses instead.
+SAME_STEP_VERSIONS = {"gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv": CartPoleSameStep}
+
+
+def vector_env_class(env_id: str) -> tuple[type, dict]:
+    """The vector env class for ``env_id`` and the arguments that make it reset in the same step,
+    or a ConfigError saying why this id has none rltrain can use."""
+    entry = resolve_env_spec(env_id).vector_entry_point
+    if entry is None:
+        raise ConfigError(f"env.id={env_id!r} has no vectorized implementation in gymnasium (no vector_entry_point); "
+                          "use env.backend=gymnasium (a loop over single envs), or collector=lockstep / async to "
+                          "step them in worker processes")
+    if not isinstance(entry, str):
+        return entry, {}
+    if entry in SAME_STEP_VERSIONS:
+        return SAME_STEP_VERSIONS[entry], {}
+    module, _, name = entry.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    if "autoreset_mode" in inspect.signature(cls).parameters:
+        return cls, {"autoreset_mode": AutoresetMode.SAME_STEP}
+    raise ConfigError(f"env.id={env_id!r}: its vector env ({entry}) resets ended episodes only on the next step, "
+                      "which rltrain's batches cannot hold (each frame must be a transition); use "
+                      "env.backend=gymnasium")
+
+
+class VectorBatchedEnv(EnvBatch):
+    """``num_envs`` envs of one gymnasium vector env, stepped by one call (see ``EnvBatch`` for
+    what steps return). ``kwargs`` go to the vector env's constructor (for Atari: frameskip,
+    stack_num, noop_max, episodic_life, ... of ale-py's AtariVectorEnv)."""
+
+    def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
+                 reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
+                 wrappers: list[dict] | None = None):
+        if wrappers:
+            raise ConfigError("env.wrappers wrap single gymnasium envs, which env.backend=vector does not make; "
+                              "give the vector env's own options in env.kwargs, or use env.backend=gymnasium")
+        cls, same_step = vector_env_class(id)
+        gym_spec = resolve_env_spec(id)
+        kwargs = {**(kwargs or {}), **same_step, **({"render_mode": render_mode} if render_mode else {})}
+        params = inspect.signature(cls).parameters
+        if "max_episode_steps" in params and gym_spec.max_episode_steps and "max_episode_steps" not in kwargs:
+            kwargs["max_episode_steps"] = gym_spec.max_episode_steps
+        if "game" in params and "game" not in kwargs:  # ale-py: ALE/Breakout-v5 is the game breakout
+            kwargs["game"] = gym_spec.kwargs.get("game") or gym_spec.name.lower()
+        try:
+            self.vec = cls(num_envs=num_envs, **kwargs)
+        except TypeError as e:
+            raise ConfigError(f"env.kwargs={kwargs} rejected by {id}'s vector env ({cls.__name__}): {e}") from None
+        threshold = gym_spec.reward_threshold
+        spec = spec_from_spaces(id, self.vec.single_observation_space, self.vec.single_action_space, threshold)
+        super().__init__(id, num_envs, spec, seed, reward_threshold, nonfinite)
+        self._dict = isinstance(self._obs, dict)
+
+    def reset(self) -> np.ndarray | dict[str, np.ndarray]:
+        try:
+            obs, _ = self.vec.reset(seed=self.seed)
+        except Exception as e:  # noqa: BLE001
+            raise self._raised(None, "reset", e, self.steps) from e
+        self._write(self._obs, obs)
+        self.vec.action_space.seed(self.seed)
+        return self._checked_reset()
+
+    def step(self, actions: np.ndarray) -> tuple:
+        """Step every env; returns (next_obs, reward, terminated, truncated, obs), views reused
+        by the next call: copy what you keep."""
+        if self._clip:
+            actions = np.clip(actions, self._low, self._high)
+        try:
+            obs, reward, terminated, truncated, info = self.vec.step(actions)
+        except Exception as e:  # noqa: BLE001
+            raise self._raised(None, "step", e, self.steps + 1) from e
+        self._reward[:] = reward
+        self._terminated[:] = terminated
+        self._truncated[:] = truncated
+        self._write(self._obs, obs)
+        self._write(self._next_obs, obs)
+        done = self._terminated | self._truncated
+        resets = bool(done.any())
+        if resets:  # where an episode ended, next_obs is its final observation
+            final = info["final_obs"]
+            map_obs(lambda out, f: out.__setitem__(done, np.asarray(f)[done]), self._next_obs, final)
+        return self._checked_step(resets)
+
+    def _write(self, out, obs) -> None:
+        map_obs(np.copyto, out, obs) if self._dict else np.copyto(out, obs, casting="unsafe")
+
+    def state_dict(self) -> list[bytes] | None:
+        """The vector env pickled, or None where it does not pickle (emulators in C++)."""
+        try:
+            return [pickle.dumps(self.vec)]
+        except Exception:  # noqa: BLE001
+            return None
+
+    def load_state_dict(self, blobs: list[bytes]) -> None:
+        vec = pickle.loads(blobs[0])  # noqa: S301  (a checkpoint is trusted like the code that wrote it)
+        if vec.num_envs != self.num_envs:
+            raise ValueError(f"the saved state holds {vec.num_envs} envs, this env batch has {self.num_envs}")
+        self.vec.close()
+        self.vec = vec
+
+    def close(self) -> None:
+        self.vec.close()
+
+
+def make_envs(id: str, num_envs: int = 1, backend: str = "gymnasium", kwargs: dict | None = None, seed: int = 0,
+              reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
+              wrappers: list[dict] | None = None) -> EnvBatch:
+    """What the env configs build: ``num_envs`` envs of ``id`` on the chosen backend.
+
+    backend: ``gymnasium`` (a Python loop over gymnasium envs: any env, any wrappers) or
+    ``vector`` (the env's own vectorized implementation, where gymnasium registers one).
+    """
+    if backend not in BACKENDS:
+        raise ConfigError(f"env.backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    cls = BatchedEnv if backend == "gymnasium" else VectorBatchedEnv
+    return cls(id, num_envs, kwargs, seed, reward_threshold, render_mode, nonfinite, wrappers)
