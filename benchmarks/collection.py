@@ -175,6 +175,9 @@ ATARI_LOOP = {"kwargs": {"frameskip": 1, "repeat_action_probability": 0.0},
                            {"wrapper": "FrameStackObservation", "stack_size": 4}]}
 ATARI_VECTOR = {"kwargs": {"frameskip": 4, "repeat_action_probability": 0.0, "noop_max": 30, "stack_num": 4,
                            "reward_clipping": False, "use_fire_reset": False}}
+ATARI_ENVPOOL = {"kwargs": {"frame_skip": 4, "repeat_action_probability": 0.0, "noop_max": 30, "stack_num": 4,
+                            "reward_clip": False, "episodic_life": False, "use_fire_reset": False}}
+ATARI_CONFIG = {"gymnasium": ATARI_LOOP, "vector": ATARI_VECTOR, "envpool": ATARI_ENVPOOL}
 
 
 def atari_steps(backend: str, envs: int):
@@ -183,7 +186,7 @@ def atari_steps(backend: str, envs: int):
 
     from rltrain.envs import make_envs
 
-    env = make_envs(ATARI, envs, backend=backend, **(ATARI_LOOP if backend == "gymnasium" else ATARI_VECTOR))
+    env = make_envs(ATARI, envs, backend=backend, **ATARI_CONFIG[backend])
     env.reset()
     actions = np.random.default_rng(0).integers(0, env.spec.num_actions, (64, envs))
 
@@ -219,11 +222,13 @@ def rates(ctx, cases: dict[str, tuple[str, str, dict]], rounds: int, seconds: fl
 
 
 def backends(ctx, seconds: float) -> Table:
-    """env.backend=vector beside the Python loop (gymnasium): CartPole through the local
-    collector (the default policy acting), Breakout's envs alone (random actions)."""
+    """env.backend=vector and envpool beside the Python loop (gymnasium): CartPole through the
+    local collector (the default policy acting), Breakout's envs alone (random actions)."""
+    columns = ["vector", *(["envpool"] if importlib.util.find_spec("envpool") else []), "gymnasium"]
     table = Table("Env backends: frames/s (Breakout: agent steps of 4 frames), median [p10-p90]",
-                  ["vector", "gymnasium"], ratio_to="gymnasium", ratio_header="{peer} / gymnasium",
-                  ratio_mode="over")
+                  columns, ratio_to="gymnasium", ratio_header="{peer} / gymnasium", ratio_mode="over")
+    if "envpool" not in columns:
+        table.notes.append("no envpool column: pip install 'rltrain[envpool]'")
     rows = [(f"CartPole-v1, local collector, {n} envs", "benchmarks.collection:rltrain_collector",
              {"env_id": "CartPole-v1", "envs": n, "kind": "local"}, ">= 3x" if n == 16 else "")
             for n in ((16,) if ctx.quick else (16, 128))]
@@ -233,11 +238,11 @@ def backends(ctx, seconds: float) -> Table:
     else:
         table.notes.append("Atari rows need ale-py: pip install 'rltrain[atari]'")
     for label, ref, kwargs, target in rows:
-        cases = {b: (OURS, ref, {**kwargs, "backend": b}) for b in ("vector", "gymnasium")}
+        cases = {b: (OURS, ref, {**kwargs, "backend": b}) for b in columns}
         samples = rates(ctx, cases, 2 if ctx.quick else 3, seconds, table.notes)
         table.rows.append(Row(label, {c: Stat(v, "frames/s", higher_is_better=True) if v else None
                                       for c, v in samples.items()}, target=target))
-    table.notes.append(f"{os.cpu_count()} CPUs: ale-py's vector env steps its emulators in C++ threads")
+    table.notes.append(f"{os.cpu_count()} CPUs: ale-py's vector env and EnvPool step their envs in C++ threads")
     return table
 
 

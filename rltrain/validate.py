@@ -24,7 +24,7 @@ from rltrain.collectors.distributed import MODES as DISTRIBUTED_MODES
 from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.envs.spaces import flat_leaves
-from rltrain.envs.vector import BACKENDS, VectorBatchedEnv
+from rltrain.envs.vector import BACKENDS, make_envs
 from rltrain.errors import ConfigError
 from rltrain.hooks.base import SCHEDULE_UNITS
 from rltrain.loggers import Logger
@@ -342,8 +342,9 @@ def _check_env(cfg: DictConfig) -> None:
     wrappers = OmegaConf.to_container(cfg.env.wrappers, resolve=True) if cfg.env.get("wrappers") else []
     if not isinstance(wrappers, list):
         raise ConfigError(f"env.wrappers must be a list of {{wrapper: NAME, ...arguments}} (got {wrappers!r})")
-    if cfg.env.get("backend", "gymnasium") == "vector":
-        env = VectorBatchedEnv(env_id, 1, kwargs, wrappers=wrappers)  # refuses ids without a usable vector env
+    if cfg.env.get("backend", "gymnasium") != "gymnasium":
+        # Refuses ids without a usable vector env or EnvPool task; the spaces are the backend's own.
+        env = make_envs(env_id, 1, cfg.env.backend, kwargs, wrappers=wrappers)
         spec = env.spec
         env.close()
     else:

@@ -75,8 +75,8 @@ def test_a_vector_cartpole_resumes_mid_episode_exactly():
 def test_envs_without_a_usable_vector_env_are_refused_naming_the_backend(tmp_path):
     with pytest.raises(ConfigError, match="has no vectorized implementation .* env.backend=gymnasium"):
         build(make_config("env=pendulum", "env.backend=vector"), run_dir=tmp_path)
-    with pytest.raises(ConfigError, match="env.backend must be one of gymnasium, vector"):
-        build(make_config("env.backend=envpool"), run_dir=tmp_path)
+    with pytest.raises(ConfigError, match="env.backend must be one of gymnasium, vector, envpool"):
+        build(make_config("env.backend=jax"), run_dir=tmp_path)
     with pytest.raises(ConfigError, match="env.wrappers wrap single gymnasium envs"):
         build(make_config("env.backend=vector", "env.wrappers=[{wrapper: FrameStackObservation, stack_size: 2}]"),
               run_dir=tmp_path)
@@ -156,3 +156,37 @@ def test_ppo_runs_on_atari_frames_with_the_nature_cnn(tmp_path):
                                 "algo.minibatch_size=32", "algo.epochs=1", "trainer.total_frames=128",
                                 "hooks.eval.episodes=1", "hooks.eval.at_end=false"), run_dir=tmp_path).fit()
     assert summary["frames"] == 128
+
+
+envpool = pytest.importorskip("envpool", reason="the envpool extra: pip install 'rltrain[envpool]'")
+
+
+def test_envpool_resets_ended_envs_in_the_same_step_and_keeps_their_final_observation():
+    env = make_envs("CartPole-v1", 4, backend="envpool", seed=0)
+    obs = env.reset().copy()
+    rng = np.random.default_rng(0)
+    ended = 0
+    for _ in range(200):
+        next_obs, reward, terminated, truncated, new_obs = (x.copy() for x in env.step(rng.integers(0, 2, 4)))
+        done = terminated | truncated
+        assert (reward == 1).all()
+        np.testing.assert_array_equal(new_obs[~done], next_obs[~done])
+        assert (np.abs(new_obs[done]) <= 0.05).all() and (np.abs(next_obs[done] - obs[done]) < 0.5).all()
+        ended += int(done.sum())
+        obs = new_obs
+    assert ended > 0
+    assert env.state_dict() is None  # EnvPool does not pickle: a resume starts fresh episodes
+    env.close()
+
+
+def test_ppo_solves_cartpole_on_envpool(tmp_path):
+    summary = build(make_config("env.backend=envpool"), run_dir=tmp_path).fit()
+    assert summary["solved"] is True and summary["train_return"] >= 475
+
+
+def test_envpool_atari_frames_are_uint8_images_and_unknown_tasks_are_refused(tmp_path):
+    env = make_envs("ALE/Breakout-v5", 2, backend="envpool", kwargs={"episodic_life": False, "reward_clip": False})
+    assert env.spec.observation.kind == "image" and env.reset().shape == (2, 4, 84, 84)
+    env.close()
+    with pytest.raises(ConfigError, match="is not an EnvPool task"):
+        build(make_config("env.id=tests.toy_envs:Catch-v0", "env.backend=envpool"), run_dir=tmp_path)

@@ -167,6 +167,17 @@ def test_sac_on_pendulum_runs_with_distributed_collectors(tmp_path):
     assert summary["sync"]["version"] == summary["sync"]["pushes"] > 0
 
 
+def test_dict_observations_travel_from_collector_ranks_with_their_keys(tmp_path):
+    result = torchrun("env.id=tests.toy_envs:GoalCorridor-v0", "collector=distributed", "sync=distributed",
+                      "collector.frames_per_batch=128", "collector.envs_per_rank=4", "algo.minibatch_size=64",
+                      "trainer.total_frames=8192",
+                      "trainer.stop_at_return=null", "hooks.eval.episodes=4", cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    summary = summary_of(tmp_path)
+    assert summary["status"] == "completed" and summary["frames"] >= 8192
+    assert summary["eval_return"] >= 0.5  # random: about 0.1; only both keys, read right, say where to go
+
+
 def test_without_pushes_the_ranks_stay_at_the_untrained_return(tmp_path):
     result = torchrun("collector=distributed", "sync=distributed", "sync.every=null", "trainer.total_frames=30000",
                       cwd=tmp_path)

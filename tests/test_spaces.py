@@ -185,3 +185,14 @@ def test_ppo_learns_multi_discrete_and_multi_binary_actions(binary, tmp_path):
                                 "collector.frames_per_batch=256", "algo.lr=1e-3", "algo.minibatch_size=64",
                                 "trainer.total_frames=20480", "trainer.stop_at_return=null"), run_dir=tmp_path).fit()
     assert summary["eval_return"] >= 9.0  # random: 10/3 (digits of 3) or 5 (bits); all matched: 10
+
+
+def test_a_dict_observation_run_resumes_exactly(tmp_path):
+    run = (f"env.id={CORRIDOR}", "env.num_envs=4", "collector.frames_per_batch=128", "algo.minibatch_size=64",
+           "algo.anneal_lr=false",
+           "trainer.stop_at_return=null", "seed=5", "hooks.eval.episodes=4")
+    full = build(make_config(*run, "trainer.total_frames=2048"), run_dir=tmp_path / "full").fit()
+    build(make_config(*run, "trainer.total_frames=1024"), run_dir=tmp_path / "split").fit()
+    resumed = build(make_config(*run, "trainer.total_frames=2048", f"resume={tmp_path / 'split'}")).fit()
+    for key in ("frames", "updates", "episodes", "train_return", "eval_return"):
+        assert resumed[key] == full[key], key

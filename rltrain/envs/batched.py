@@ -196,6 +196,33 @@ class EnvBatch:
         if self._clip:
             self._low, self._high = self.spec.action_low, self.spec.action_high
 
+    def _write(self, out: np.ndarray | dict[str, np.ndarray], obs) -> None:
+        """Copy a whole batch of observations (an array, or a dict of them) into ``out``."""
+        if isinstance(out, dict):
+            for key, values in out.items():
+                np.copyto(values, obs[key], casting="unsafe")
+        else:
+            np.copyto(out, obs, casting="unsafe")
+
+    def _reset_all(self, reset) -> np.ndarray | dict[str, np.ndarray]:
+        """``reset()`` of a whole vectorized batch, its observations stored and checked."""
+        try:
+            obs, _ = reset()
+        except Exception as e:  # noqa: BLE001  (whatever the env raises: name the env and the call)
+            raise self._raised(None, "reset", e, self.steps) from e
+        self._write(self._obs, obs)
+        return self._checked_reset()
+
+    def _record(self, obs, reward, terminated, truncated) -> np.ndarray:
+        """A whole batch's step results into the buffers (``obs`` as both the next and the new
+        observation: the backend then fixes the rows whose episode ended); returns those rows' mask."""
+        self._reward[:] = reward
+        self._terminated[:] = terminated
+        self._truncated[:] = truncated
+        self._write(self._next_obs, obs)
+        self._write(self._obs, obs)
+        return self._terminated | self._truncated
+
     def _checked_reset(self) -> np.ndarray | dict[str, np.ndarray]:
         self.replaced[:] = False
         for name, values in self._float_obs:

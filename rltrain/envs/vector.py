@@ -1,4 +1,4 @@
-"""``env.backend=vector``: the simulator's own vectorized implementation of an env, stepped as one.
+"""``env.backend=vector`` and ``envpool``: an env's vectorized implementation, stepped as one.
 
 gymnasium registers one for some ids (``vector_entry_point``: CartPole's numpy ``CartPoleVectorEnv``,
 ale-py's C++-threaded ``AtariVectorEnv`` for every ``ALE/`` game). rltrain needs each ended episode
@@ -8,8 +8,12 @@ whose vector env only resets on the step after, ``CartPoleSameStep`` below does 
 envs that reset only on the next step are refused: their batches would hold one frame per
 episode that is no transition at all.
 
-Checkpoints hold the vector env's state where it pickles (CartPole); Atari's emulators do not
-pickle, so a resumed run starts them on fresh episodes (the collector warns).
+EnvPool (``env.backend=envpool``, the ``envpool`` extra) steps Atari, MuJoCo and classic-control
+envs in C++ threads; it also resets on the next step, but it can step a subset of its envs, so
+``EnvPoolBatchedEnv`` resets the ended ones at once with a step of those alone.
+
+Checkpoints hold the vector env's state where it pickles (CartPole); Atari's emulators and
+EnvPool do not pickle, so a resumed run starts them on fresh episodes (the collector warns).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import importlib
 import inspect
 import pickle
 
+import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
@@ -26,7 +31,7 @@ from rltrain.envs.batched import BatchedEnv, EnvBatch, resolve_env_spec, spec_fr
 from rltrain.envs.spaces import map_obs
 from rltrain.errors import ConfigError
 
-BACKENDS = ("gymnasium", "vector")
+BACKENDS = ("gymnasium", "vector", "envpool")
 
 
 class CartPoleSameStep(CartPoleVectorEnv):
@@ -99,16 +104,10 @@ class VectorBatchedEnv(EnvBatch):
         threshold = gym_spec.reward_threshold
         spec = spec_from_spaces(id, self.vec.single_observation_space, self.vec.single_action_space, threshold)
         super().__init__(id, num_envs, spec, seed, reward_threshold, nonfinite)
-        self._dict = isinstance(self._obs, dict)
 
     def reset(self) -> np.ndarray | dict[str, np.ndarray]:
-        try:
-            obs, _ = self.vec.reset(seed=self.seed)
-        except Exception as e:  # noqa: BLE001
-            raise self._raised(None, "reset", e, self.steps) from e
-        self._write(self._obs, obs)
         self.vec.action_space.seed(self.seed)
-        return self._checked_reset()
+        return self._reset_all(lambda: self.vec.reset(seed=self.seed))
 
     def step(self, actions: np.ndarray) -> tuple:
         """Step every env; returns (next_obs, reward, terminated, truncated, obs), views reused
@@ -119,20 +118,12 @@ class VectorBatchedEnv(EnvBatch):
             obs, reward, terminated, truncated, info = self.vec.step(actions)
         except Exception as e:  # noqa: BLE001
             raise self._raised(None, "step", e, self.steps + 1) from e
-        self._reward[:] = reward
-        self._terminated[:] = terminated
-        self._truncated[:] = truncated
-        self._write(self._obs, obs)
-        self._write(self._next_obs, obs)
-        done = self._terminated | self._truncated
+        done = self._record(obs, reward, terminated, truncated)
         resets = bool(done.any())
         if resets:  # where an episode ended, next_obs is its final observation
             final = info["final_obs"]
             map_obs(lambda out, f: out.__setitem__(done, np.asarray(f)[done]), self._next_obs, final)
         return self._checked_step(resets)
-
-    def _write(self, out, obs) -> None:
-        map_obs(np.copyto, out, obs) if self._dict else np.copyto(out, obs, casting="unsafe")
 
     def state_dict(self) -> list[bytes] | None:
         """The vector env pickled, or None where it does not pickle (emulators in C++)."""
@@ -152,15 +143,72 @@ class VectorBatchedEnv(EnvBatch):
         self.vec.close()
 
 
+class EnvPoolBatchedEnv(EnvBatch):
+    """``num_envs`` envs of one EnvPool task (``id``: EnvPool's task id, e.g. ``Breakout-v5``,
+    ``HalfCheetah-v5``, ``CartPole-v1``; ``ALE/Breakout-v5`` is read as ``Breakout-v5``).
+    ``kwargs`` go to ``envpool.make`` (for Atari: episodic_life, reward_clip, stack_num, ...)."""
+
+    def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
+                 reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
+                 wrappers: list[dict] | None = None):
+        try:
+            import envpool
+        except ImportError:
+            raise ConfigError("env.backend=envpool needs EnvPool: pip install 'rltrain[envpool]'") from None
+        if wrappers or render_mode:
+            raise ConfigError("env.wrappers and rendering need single gymnasium envs, which env.backend=envpool "
+                              "does not make; give EnvPool's own options in env.kwargs, or use env.backend=gymnasium")
+        task = id.removeprefix("ALE/")
+        if task not in envpool.list_all_envs():
+            raise ConfigError(f"env.id={id!r} is not an EnvPool task (envpool.list_all_envs() lists them, e.g. "
+                              "Breakout-v5, HalfCheetah-v5, CartPole-v1); or use env.backend=gymnasium")
+        try:
+            self.pool = envpool.make(task, env_type="gymnasium", num_envs=num_envs, seed=seed, **(kwargs or {}))
+        except (TypeError, ValueError) as e:
+            raise ConfigError(f"env.kwargs={kwargs} rejected by EnvPool's {task}: {e}") from None
+        threshold = gym.registry[id].reward_threshold if id in gym.registry else None  # gymnasium's "solved"
+        spec = spec_from_spaces(id, self.pool.observation_space, self.pool.action_space, threshold)
+        super().__init__(id, num_envs, spec, seed, reward_threshold, nonfinite)
+        self._noop = np.zeros((num_envs, *spec.action.shape), dtype=spec.action.dtype)
+
+    def reset(self) -> np.ndarray | dict[str, np.ndarray]:
+        return self._reset_all(self.pool.reset)
+
+    def step(self, actions: np.ndarray) -> tuple:
+        """Step every env; returns (next_obs, reward, terminated, truncated, obs), views reused
+        by the next call: copy what you keep."""
+        if self._clip:
+            actions = np.clip(actions, self._low, self._high)
+        try:
+            ended = np.flatnonzero(self._record(*self.pool.step(actions)[:4]))
+            if ended.size:  # a step of the ended envs alone resets them (EnvPool ignores their actions)
+                reset, *_, info = self.pool.step(self._noop[: ended.size], env_id=ended)
+                rows = np.asarray(info["env_id"])
+                map_obs(lambda out, new: out.__setitem__(rows, new), self._obs, reset)
+        except Exception as e:  # noqa: BLE001
+            raise self._raised(None, "step", e, self.steps + 1) from e
+        return self._checked_step(bool(ended.size))
+
+    def state_dict(self) -> None:
+        return None  # EnvPool's C++ envs do not pickle: a resumed run starts fresh episodes
+
+    def load_state_dict(self, blobs: list[bytes]) -> None:
+        raise ValueError("EnvPool envs cannot be restored from a checkpoint")
+
+    def close(self) -> None:
+        self.pool.close()
+
+
 def make_envs(id: str, num_envs: int = 1, backend: str = "gymnasium", kwargs: dict | None = None, seed: int = 0,
               reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
               wrappers: list[dict] | None = None) -> EnvBatch:
     """What the env configs build: ``num_envs`` envs of ``id`` on the chosen backend.
 
-    backend: ``gymnasium`` (a Python loop over gymnasium envs: any env, any wrappers) or
-    ``vector`` (the env's own vectorized implementation, where gymnasium registers one).
+    backend: ``gymnasium`` (a Python loop over gymnasium envs: any env, any wrappers),
+    ``vector`` (the env's own vectorized implementation, where gymnasium registers one) or
+    ``envpool`` (EnvPool's C++ envs).
     """
     if backend not in BACKENDS:
         raise ConfigError(f"env.backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
-    cls = BatchedEnv if backend == "gymnasium" else VectorBatchedEnv
+    cls = {"gymnasium": BatchedEnv, "vector": VectorBatchedEnv, "envpool": EnvPoolBatchedEnv}[backend]
     return cls(id, num_envs, kwargs, seed, reward_threshold, render_mode, nonfinite, wrappers)

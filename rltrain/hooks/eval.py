@@ -1,4 +1,5 @@
-"""Evaluates the learner's policy deterministically (mean action / argmax) on separate envs."""
+"""Evaluates the learner's policy on separate envs: deterministically (mean action / argmax), or
+sampling its actions (``deterministic: false``, for games where the argmax can stall, e.g. Atari)."""
 
 from __future__ import annotations
 
@@ -41,11 +42,13 @@ class EvalHook(Hook):
         max_steps: int = 100_000,
         video: bool = False,
         run_dir: str | Path = ".",
+        deterministic: bool = True,
     ):
         super().__init__(every, at_end)
         self.policy, self.make_env, self.device = policy, make_env, torch.device(device)
         self.episodes, self.max_steps = episodes, max_steps
         self.video, self.video_dir = video, Path(run_dir) / "videos"
+        self.deterministic = deterministic
         self._env: BatchedEnv | None = None
         self._evaluated_at: int | None = None  # frames of the latest evaluation
 
@@ -54,7 +57,7 @@ class EvalHook(Hook):
             self.evaluate(state)
 
     def evaluate(self, state: TrainState) -> float:
-        """One episode per eval env, deterministic actions; returns the mean episode return."""
+        """One episode per eval env; returns the mean episode return."""
         if self._env is None:
             self._env = self.make_env(num_envs=self.episodes)
         returns, lengths = self._run_episodes(self._env)
@@ -68,7 +71,7 @@ class EvalHook(Hook):
         return state.eval_return
 
     def _run_episodes(self, env: BatchedEnv) -> tuple[np.ndarray, np.ndarray]:
-        """One deterministic episode in each of ``env``'s envs: (returns, lengths)."""
+        """One episode in each of ``env``'s envs: (returns, lengths)."""
         returns = np.zeros(env.num_envs)
         lengths = np.zeros(env.num_envs, dtype=np.int64)
         running = np.ones(env.num_envs, dtype=bool)
@@ -78,7 +81,7 @@ class EvalHook(Hook):
         try:
             with torch.inference_mode():
                 for _ in range(self.max_steps):
-                    action, _ = self.policy.act(to_torch(obs, self.device), deterministic=True)
+                    action, _ = self.policy.act(to_torch(obs, self.device), deterministic=self.deterministic)
                     _, reward, terminated, truncated, obs = env.step(action.cpu().numpy())
                     returns += reward * running
                     lengths += running
