@@ -54,7 +54,6 @@ class ActorCritic(nn.Module):
         cnn: Mapping = NATURE_CNN,  # image observations: channels, kernels, strides, features (encoders.py)
     ):
         super().__init__()
-        self.discrete = env_spec.discrete
         self.encoder = ObsEncoder(env_spec.observation, normalize=normalize_obs, cnn=cnn)
         self.head = make_head(env_spec.action, init_log_std)
         self.actor = mlp(self.encoder.out_dim, list(hidden_sizes), self.head.out_dim, activation, out_gain=0.01)
