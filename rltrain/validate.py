@@ -338,10 +338,7 @@ def _check_env(cfg: DictConfig) -> None:
     if not isinstance(env_id, str):
         raise ConfigError(f"env.id must be a gymnasium id string (got {env_id!r})")
     resolve_env_spec(env_id)
-    kwargs = OmegaConf.to_container(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
-    wrappers = OmegaConf.to_container(cfg.env.wrappers, resolve=True) if cfg.env.get("wrappers") else []
-    if not isinstance(wrappers, list):
-        raise ConfigError(f"env.wrappers must be a list of {{wrapper: NAME, ...arguments}} (got {wrappers!r})")
+    kwargs, wrappers = _env_arguments(cfg)
     if cfg.env.get("backend", "gymnasium") != "gymnasium":
         # Refuses ids without a usable vector env or EnvPool task; the spaces are the backend's own.
         env = make_envs(env_id, 1, cfg.env.backend, kwargs, wrappers=wrappers)
@@ -376,6 +373,15 @@ def _check_env(cfg: DictConfig) -> None:
                               f"constructor takes no {key}); use algo=ppo, or env.{key}=false")
 
 
+def _env_arguments(cfg: DictConfig) -> tuple[dict, list]:
+    """``env.kwargs`` and ``env.wrappers`` as plain values (a ConfigError if the wrappers are no list)."""
+    kwargs = OmegaConf.to_container(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
+    wrappers = OmegaConf.to_container(cfg.env.wrappers, resolve=True) if cfg.env.get("wrappers") else []
+    if not isinstance(wrappers, list):
+        raise ConfigError(f"env.wrappers must be a list of {{wrapper: NAME, ...arguments}} (got {wrappers!r})")
+    return kwargs, wrappers
+
+
 def _check_requires(path: str, cls: type) -> None:
     """The packages a logger imports once it starts (its ``REQUIRES``) are installed."""
     for package, install in capability(cls, Logger, "REQUIRES").items():
@@ -392,9 +398,8 @@ def _check_video(cfg: DictConfig) -> None:
     if importlib.util.find_spec("moviepy") is None:
         raise ConfigError("hooks.eval.video=true records with gymnasium's RecordVideo, which needs moviepy: "
                           "pip install 'rltrain[video]' (or set hooks.eval.video=false)")
-    kwargs = OmegaConf.to_container(cfg.env.kwargs) if cfg.env.get("kwargs") else {}
+    kwargs, wrappers = _env_arguments(cfg)
     try:
-        wrappers = OmegaConf.to_container(cfg.env.wrappers, resolve=True) if cfg.env.get("wrappers") else []
         env = make_gym_env(cfg.env.id, {**kwargs, "render_mode": "rgb_array"}, wrappers)
         try:
             env.reset(seed=0)

@@ -18,7 +18,7 @@ import gymnasium as gym
 import numpy as np
 
 import rltrain.envs.env_state as env_state
-from rltrain.envs.spaces import ActionSpec, Leaf, Observation, action_spec, observation_spec, zeros
+from rltrain.envs.spaces import ActionSpec, Leaf, Observation, action_spec, map_obs, observation_spec, zeros
 from rltrain.errors import ConfigError, EnvError
 
 NONFINITE = ("error", "replace")  # what a NaN/inf observation or reward does: fail the run, or become 0
@@ -198,11 +198,7 @@ class EnvBatch:
 
     def _write(self, out: np.ndarray | dict[str, np.ndarray], obs) -> None:
         """Copy a whole batch of observations (an array, or a dict of them) into ``out``."""
-        if isinstance(out, dict):
-            for key, values in out.items():
-                np.copyto(values, obs[key], casting="unsafe")
-        else:
-            np.copyto(out, obs, casting="unsafe")
+        map_obs(lambda values, new: np.copyto(values, new, casting="unsafe"), out, obs)
 
     def _reset_all(self, reset) -> np.ndarray | dict[str, np.ndarray]:
         """``reset()`` of a whole vectorized batch, its observations stored and checked."""

@@ -57,10 +57,10 @@ class CartPoleSameStep(CartPoleVectorEnv):
 SAME_STEP_VERSIONS = {"gymnasium.envs.classic_control.cartpole:CartPoleVectorEnv": CartPoleSameStep}
 
 
-def vector_env_class(env_id: str) -> tuple[type, dict]:
-    """The vector env class for ``env_id`` and the arguments that make it reset in the same step,
-    or a ConfigError saying why this id has none rltrain can use."""
-    entry = resolve_env_spec(env_id).vector_entry_point
+def vector_env_class(env_id: str, entry) -> tuple[type, dict]:
+    """The vector env class for ``env_id`` (whose gymnasium spec has ``vector_entry_point`` entry)
+    and the arguments that make it reset in the same step, or a ConfigError saying why this id has
+    none rltrain can use."""
     if entry is None:
         raise ConfigError(f"env.id={env_id!r} has no vectorized implementation in gymnasium (no vector_entry_point); "
                           "use env.backend=gymnasium (a loop over single envs), or collector=lockstep / async to "
@@ -89,8 +89,8 @@ class VectorBatchedEnv(EnvBatch):
         if wrappers:
             raise ConfigError("env.wrappers wrap single gymnasium envs, which env.backend=vector does not make; "
                               "give the vector env's own options in env.kwargs, or use env.backend=gymnasium")
-        cls, same_step = vector_env_class(id)
         gym_spec = resolve_env_spec(id)
+        cls, same_step = vector_env_class(id, gym_spec.vector_entry_point)
         kwargs = {**(kwargs or {}), **same_step, **({"render_mode": render_mode} if render_mode else {})}
         params = inspect.signature(cls).parameters
         if "max_episode_steps" in params and gym_spec.max_episode_steps and "max_episode_steps" not in kwargs:
