@@ -15,7 +15,8 @@ from datetime import datetime, timezone
 from benchmarks.context import Context
 
 # In the order they run; `learning` (SAC HalfCheetah for 100k frames, about an hour) only when named.
-CATEGORIES = ["advantage", "losses", "replay", "collection", "weight_sync", "end_to_end", "checkpoint", "scale_out"]
+CATEGORIES = ["advantage", "losses", "replay", "collection", "weight_sync", "end_to_end", "checkpoint", "scale_out",
+              "learner"]
 ON_REQUEST = ["learning"]
 
 
@@ -34,6 +35,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the function-level cases (default 1); whole programs (end_to_end, "
                         "learning) run with their own defaults")
+    p.add_argument("--device", default="cpu",
+                   help="the learner's device for the learner category: cpu (a dry run, and what algo.compile does "
+                        "on the CPU) or cuda (its GPU targets)")
     p.add_argument("--json", default=None, help="also write every figure to this JSON file")
     args = p.parse_args(argv)
     names = CATEGORIES if args.only is None else [n.strip() for n in args.only.split(",") if n.strip()]
@@ -55,9 +59,9 @@ def versions() -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    ctx = Context(args.quick, args.peers, args.peer_python, args.threads)
+    ctx = Context(args.quick, args.peers, args.peer_python, args.threads, args.device)
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **versions(),
-            "quick": args.quick, "threads": args.threads,
+            "quick": args.quick, "threads": args.threads, "device": args.device,
             "peers": {n: p.missing or f"{p.module} in {p.python or 'this process'}" for n, p in ctx.peers.items()}}
     print(f"rltrain benchmarks, {meta['date']}: {meta['cpus']} CPUs, torch {meta['torch']}, "
           f"gymnasium {meta['gymnasium']}, Python {meta['python']}, torch threads {args.threads}"

@@ -12,8 +12,8 @@ ROUNDS_QUICK, ROUNDS_FULL = 3, 10
 class Context:
     """What a category needs to know about this invocation, and the runners its cases use."""
 
-    def __init__(self, quick: bool, compare: list[str], peer_python: str | None, threads: int):
-        self.quick, self.threads = quick, threads
+    def __init__(self, quick: bool, compare: list[str], peer_python: str | None, threads: int, device: str = "cpu"):
+        self.quick, self.threads, self.device = quick, threads, device
         self.peers = {name: find_peer(name, peer_python) for name in compare}
         self.rounds = ROUNDS_QUICK if quick else ROUNDS_FULL
         self._runners: dict[str | None, object] = {}
@@ -27,8 +27,10 @@ class Context:
         return [f"{n}: {self.peers[n].missing}" for n in names if n in self.peers and self.peers[n].missing]
 
     def runner(self, column: str):
-        """Where ``column``'s cases run: this process for rltrain and for peers importable here."""
-        python = None if column == OURS else self.peer(column).python
+        """Where ``column``'s cases run: in a peer's own Python if it has one, else in this process
+        (rltrain's columns, peers importable here, and anchors written in plain torch)."""
+        peer = self.peer(column) if column != OURS else None
+        python = peer.python if peer is not None else None
         if python not in self._runners:
             self._runners[python] = LocalRunner(self.threads) if python is None else ProcessRunner(python, self.threads)
         return self._runners[python]

@@ -67,12 +67,14 @@ def parse_count(text: str) -> int:
     return int(float(text.rstrip("kM")) * scale)
 
 
-def push_times(scheme_name: str, n_params: int, workers: int, repeats: int, kind: str = "square") -> list[float]:
-    """ms per push until every worker acknowledged it, ``repeats`` pushes after 2 warm-up ones."""
+def push_times(scheme_name: str, n_params: int, workers: int, repeats: int, kind: str = "square",
+               device: str = "cpu") -> list[float]:
+    """ms per push until every worker acknowledged it, ``repeats`` pushes after 2 warm-up ones; the
+    learner's weights on ``device``, the workers' on the CPU."""
     import torch
 
     ctx = mp.get_context("spawn")
-    learner = make_net(n_params, kind)
+    learner = make_net(n_params, kind).to(device)
     scheme = scheme_class(scheme_name)()
     sender = scheme.sender(learner)
     ack = torch.full((workers,), -1, dtype=torch.int64).share_memory_()

@@ -29,6 +29,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint, distributed
 from rltrain.collectors.distributed import report_and_wait
+from rltrain.device import resolve_device
 from rltrain.envs import EnvSpec
 from rltrain.errors import CheckpointError, ConfigError, RunDirError
 from rltrain.loggers import JsonlLogger
@@ -107,7 +108,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
     _seed_everything(cfg.seed)
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
-    device = _resolve_device(cfg.device)
+    device = resolve_device(cfg.device)
 
     # Plain functools.partial factories of plain values: they pickle into spawned worker processes.
     make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), seed=cfg.seed)
@@ -264,12 +265,6 @@ def _runs_root(run_dir: str | Path | None) -> Path:
     if cwd in absolute.parents and absolute.parent != cwd:
         return cwd / absolute.relative_to(cwd).parts[0]
     return absolute.parent
-
-
-def _resolve_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 def _seed_everything(seed: int) -> None:

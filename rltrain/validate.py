@@ -10,6 +10,7 @@ import inspect
 import math
 import numbers
 import re
+import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -20,7 +21,9 @@ from omegaconf.errors import OmegaConfBaseException
 from rltrain import distributed
 from rltrain.algos.finite import MODES as NONFINITE_ALGO
 from rltrain.algos.networks import ACTIVATIONS
+from rltrain.algos.update_step import resolve_switch
 from rltrain.collectors.distributed import MODES as DISTRIBUTED_MODES
+from rltrain.device import DEVICES, resolve_device
 from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.envs.spaces import flat_leaves
@@ -139,6 +142,8 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("hooks.checkpoint.keep_last", _positive_int, "an integer >= 1", ""),
     ("hooks.checkpoint.replay_buffer", lambda v: isinstance(v, bool), "true or false", ""),
     ("hooks.timing.cuda_sync", lambda v: isinstance(v, bool), "true or false", ""),
+    ("algo.compile", lambda v: v in (True, False, "auto"), "true, false or auto (on with device=cuda)", ""),
+    ("algo.cuda_graph", lambda v: v in (True, False, "auto"), "true, false or auto (on with device=cuda)", ""),
     ("hooks.progress.bar", lambda v: v in (True, False, "auto"), "auto, true or false", ""),
 ]
 
@@ -169,6 +174,7 @@ def validate(cfg: DictConfig) -> None:
                 hint += f"; write {int(value)} (YAML and the command line read 1e9 as a float)"
             raise ConfigError(f"{key} must be {allowed} (got {value!r}){hint}")
     _check_device(cfg.get("device", "auto"))
+    _check_compile(cfg)
     for path in ("env", "algo", "algo.network", "collector", "sync"):
         _check_node(cfg, path, required=path != "algo.network")
     for group in ("logger", "hooks"):
@@ -193,10 +199,27 @@ def check_resume_in_sweep(cfg: DictConfig) -> None:
 
 
 def _check_device(device) -> None:
-    if device not in ("cpu", "cuda", "auto") and not str(device).startswith("cuda:"):
+    if device not in DEVICES and not str(device).startswith("cuda:"):
         raise ConfigError(f"device must be cpu, cuda, cuda:N or auto (got {device!r})")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"device={device} but torch sees no CUDA device; use device=cpu or device=auto")
+
+
+def _check_compile(cfg: DictConfig) -> None:
+    """``algo.compile`` and ``algo.cuda_graph`` against the learner's device, and what compiling needs
+    there (inductor writes C++ on the CPU and Triton kernels on a GPU)."""
+    device = resolve_device(cfg.get("device", "auto"))
+    if resolve_switch(OmegaConf.select(cfg, "algo.cuda_graph", default=False), device) and device.type != "cuda":
+        raise ConfigError(f"algo.cuda_graph=true needs a CUDA learner, but the device is {device}; use "
+                          "algo.cuda_graph=auto (on with device=cuda only) or device=cuda")
+    if not resolve_switch(OmegaConf.select(cfg, "algo.compile", default=False), device):
+        return
+    if device.type == "cuda" and importlib.util.find_spec("triton") is None:
+        raise ConfigError("algo.compile on a CUDA learner needs Triton, which torch's CUDA wheels bring "
+                          "(pip install triton); or set algo.compile=false")
+    if device.type == "cpu" and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        raise ConfigError("algo.compile=true on the CPU needs a C++ compiler (g++ or clang++) for torch.compile; "
+                          "install one, or set algo.compile=false")
 
 
 def _import_target(path: str, target: str):

@@ -19,9 +19,10 @@ MODES = ("error", "skip")  # what a NaN/inf loss or gradient does: stop the run,
 
 
 class NonFiniteGuard:
-    """One flag per optimizer (by loss name). Skipped steps are counted with no work per step:
+    """One flag per optimizer (by loss name). Skipped steps are counted with no host work per step:
     fused Adam does not advance a skipped step's count, so steps asked for minus steps taken is
-    the number skipped."""
+    the number skipped. The steps asked for are counted on the device, so a step replayed as a
+    CUDA graph (where no Python runs) counts too."""
 
     def __init__(self, optimizers: dict[str, torch.optim.Optimizer], mode: str, device: torch.device):
         if mode not in MODES:
@@ -33,7 +34,9 @@ class NonFiniteGuard:
             if not optimizer.defaults.get("fused"):
                 raise ValueError(f"the {name} optimizer must be fused to skip non-finite steps")
             optimizer.found_inf = self._flags[name]
-        self._asked = dict.fromkeys(optimizers, 0)  # steps asked for since the last report
+        self._names = list(optimizers)
+        self._asked_now = torch.zeros(len(optimizers), dtype=torch.int64, device=device)  # since the last report
+        self._asked = dict.fromkeys(optimizers, 0)  # before the last report, and not yet reported
         self._taken = {name: _steps_taken(optimizer) for name, optimizer in optimizers.items()}  # at that report
 
     def check(self, name: str, loss: torch.Tensor, params: Iterable[torch.Tensor] = (),
@@ -49,10 +52,11 @@ class NonFiniteGuard:
             flag.copy_(loss.detach()).sub_(flag).ne_(0)
             grads = [p.grad for p in params if p.grad is not None]
             torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, self._one)  # sets flag, scales by 1
-        self._asked[name] += 1
+        self._asked_now[self._names.index(name)].add_(1)
 
     def report(self) -> int:
         """Steps skipped since the last report; raises NonFiniteError for them unless ``mode`` is skip."""
+        self._fold_asked()
         new = {}
         for name, optimizer in self._optimizers.items():
             taken = _steps_taken(optimizer)
@@ -68,11 +72,19 @@ class NonFiniteGuard:
                                  "(counted as nonfinite/skipped_steps)")
         return sum(new.values())
 
+    def _fold_asked(self) -> None:
+        """Move the device's count of steps asked for into ``_asked`` (one host read)."""
+        for name, n in zip(self._names, self._asked_now.tolist()):
+            self._asked[name] += n
+        self._asked_now.zero_()
+
     def state_dict(self) -> dict:
+        self._fold_asked()
         return {"asked": dict(self._asked), "taken": dict(self._taken)}
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore ``state_dict()``'s result, after the optimizers' own; None: count from their state now."""
+        self._asked_now.zero_()
         if state is None:
             self._asked = dict.fromkeys(self._optimizers, 0)
             self._taken = {name: _steps_taken(optimizer) for name, optimizer in self._optimizers.items()}

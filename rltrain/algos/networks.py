@@ -110,10 +110,14 @@ class SquashedGaussianActor(nn.Module):
         log_std = self.LOG_STD_MIN + 0.5 * (self.LOG_STD_MAX - self.LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return mean, log_std
 
-    def sample(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        """A reparameterized action (env scale) and its log-probability, tanh change of variables included."""
+    def sample(self, obs: torch.Tensor, deterministic: bool = False,
+               noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterized action (env scale) and its log-probability, tanh change of variables included.
+        ``noise``: the standard normal draw to use (default: a fresh one)."""
         mean, log_std = self._mean_log_std(obs)
-        u = mean if deterministic else mean + log_std.exp() * torch.randn_like(mean)
+        if noise is None and not deterministic:
+            noise = torch.randn_like(mean)
+        u = mean if deterministic else mean + log_std.exp() * noise
         squashed = torch.tanh(u)
         z = (u - mean) * torch.exp(-log_std)
         log_prob = (-0.5 * z.square() - log_std - LOG_SQRT_2PI).sum(-1)
@@ -124,7 +128,7 @@ class SquashedGaussianActor(nn.Module):
         return action.reshape(*action.shape[:-1], *self.action_shape), log_prob
 
     def act(self, obs: torch.Tensor, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.uniform and not deterministic:
+        if not deterministic and self.uniform:  # (a GPU learner's evaluation reads no flag from the device)
             u = torch.rand(*self.encoder.batch_shape(obs), self.action_scale.numel())
             action = (2 * u - 1) * self.action_scale + self.action_bias
             log_prob = torch.full(action.shape[:-1], -float(torch.log(2 * self.action_scale).sum()))

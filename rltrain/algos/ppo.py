@@ -14,14 +14,20 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from rltrain.algos import optimizers
 from rltrain.algos.advantages import gae
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
 from rltrain.algos.pending import to_device
+from rltrain.algos.update_step import UpdateStep, resolve_switch
+from rltrain.device import to_learner
 from rltrain.envs.normalization import ReturnNormalizer
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
+
+# What the learner reads of a batch (the rest stays on the host, for the trainer's accounting).
+_LEARNER_KEYS = ["observation", "action", "log_prob", "reward", "terminated", "done", ("next", "observation")]
 
 
 class PPO:
@@ -53,6 +59,8 @@ class PPO:
         sign_reward: bool = False,  # set from env.sign_reward: learn from sign(reward) (Atari's reward clipping)
         normalize_reward: bool = False,  # set from env.normalize_reward: rewards / std of the discounted return
         clip_reward: float | None = 10.0,  # set from env.clip_reward: normalized rewards clipped to +-this
+        compile: bool | str = "auto",  # torch.compile each minibatch step; auto: on a CUDA learner only
+        cuda_graph: bool | str = "auto",  # replay each minibatch step as one CUDA graph; auto: on a CUDA learner
     ):
         self.policy = policy
         self.device = torch.device(device)
@@ -63,10 +71,12 @@ class PPO:
         self.clip_coef, self.clip_vloss = clip_coef, clip_vloss
         self.vf_coef, self.ent_coef = vf_coef, ent_coef
         self.max_grad_norm, self.norm_adv, self.target_kl = max_grad_norm, norm_adv, target_kl
-        # fused: one kernel per step for all parameters (CPU and CUDA), ~12% faster updates than foreach here.
+        compiled, graphed = resolve_switch(compile, self.device), resolve_switch(cuda_graph, self.device)
         self._params = list(policy.parameters())
-        self.optimizer = torch.optim.Adam(self._params, lr=lr, eps=adam_eps, fused=True)
+        self.optimizer = optimizers.adam(self._params, lr, self.device, graphed,
+                                         lr_tensor=anneal_lr and (compiled or graphed), eps=adam_eps)
         self.guard = NonFiniteGuard({"ppo": self.optimizer}, nonfinite, self.device)
+        self._run = UpdateStep(self._minibatch_step, "PPO's minibatch step", compiled, graphed)
         # On the learner, so every env (in-process, in workers, on other ranks) is scaled alike.
         self.reward_norm = ReturnNormalizer(gamma, clip_reward) if normalize_reward else None
         self.sign_reward = sign_reward
@@ -82,7 +92,7 @@ class PPO:
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        optimizers.load_adam(self.optimizer, state["optimizer"])
         self.frames = state["frames"]
         self.guard.load_state_dict(state.get("nonfinite"))  # None from an older rltrain: counting starts now
         self._pending = to_device(state.get("pending"), self.device)
@@ -101,17 +111,20 @@ class PPO:
 
     def _prepare(self, batch: TensorDict) -> dict:
         """The lr schedule's step, values and GAE advantages for the whole batch, flattened."""
-        policy, batch = self.policy, batch.to(self.device, non_blocking=True)
         if self.anneal_lr:
-            self.optimizer.param_groups[0]["lr"] = self.lr * max(1.0 - self.frames / self.total_frames, 0.0)
+            optimizers.set_lr(self.optimizer, self.lr * max(1.0 - self.frames / self.total_frames, 0.0))
         self.frames += batch.numel()
+
+        # Rewards are transformed on the host, where the return normalizer's recursion over time is cheap.
+        batch = batch.select(*_LEARNER_KEYS)
+        if self.sign_reward:
+            batch["reward"] = batch["reward"].sign()
+        if self.reward_norm is not None:
+            batch["reward"] = self.reward_norm(batch["reward"], batch["done"])
+        policy, batch = self.policy, to_learner(batch, _LEARNER_KEYS, self.device)
 
         # Advantages with the current critic for the whole batch, bootstrapping from ("next", "observation").
         obs, action, reward = batch["observation"], batch["action"], batch["reward"]
-        if self.sign_reward:
-            reward = reward.sign()
-        if self.reward_norm is not None:
-            reward = self.reward_norm(reward, batch["done"])
         with torch.no_grad():
             value = policy.value(obs)
             next_value = policy.value(batch["next", "observation"])
@@ -122,12 +135,12 @@ class PPO:
                 "advantages": advantages.flatten(), "returns": returns.flatten(),
                 "epoch": 0, "perm": None, "next": 0, "losses": [], "diagnostics": []}
 
-    def _loss(self, p: dict, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """PPO's loss on the minibatch ``idx``: (loss, its three parts detached, ratio, log ratio)."""
-        log_prob, entropy, new_value = self.policy.evaluate(p["obs"][idx], p["action"][idx])
-        log_ratio = log_prob - p["old_log_prob"][idx]
+    def _loss(self, obs, action: torch.Tensor, old_log_prob: torch.Tensor, adv: torch.Tensor, returns: torch.Tensor,
+              old_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """PPO's loss on a minibatch: (loss, its three parts detached, ratio, log ratio)."""
+        log_prob, entropy, new_value = self.policy.evaluate(obs, action)
+        log_ratio = log_prob - old_log_prob
         ratio = log_ratio.exp()
-        adv = p["advantages"][idx]
         if self.norm_adv and adv.numel() > 1:
             adv = (adv - adv.mean()) / (adv.std() + 1e-8)
 
@@ -135,7 +148,6 @@ class PPO:
         clipped_ratio = ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef)
         policy_loss = torch.max(-adv * ratio, -adv * clipped_ratio).mean()
 
-        returns, old_value = p["returns"][idx], p["old_value"][idx]
         value_error = (new_value - returns).square()
         if self.clip_vloss:
             v_clipped = old_value + (new_value - old_value).clamp(-self.clip_coef, self.clip_coef)
@@ -147,8 +159,19 @@ class PPO:
         return loss, torch.stack([policy_loss, value_loss, entropy_loss]).detach(), ratio, log_ratio
 
     def _step(self, p: dict, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One gradient step on the minibatch ``idx``: (the loss's parts, ratio, log ratio)."""
-        loss, parts, ratio, log_ratio = self._loss(p, idx)
+        """One gradient step on the minibatch ``idx`` of the pending update ``p``."""
+        return self._run(*self._minibatch(p, idx))
+
+    def _minibatch(self, p: dict, idx: torch.Tensor) -> tuple:
+        """The minibatch ``idx`` of the pending update, as ``_minibatch_step``'s inputs."""
+        obs = p["obs"][idx]
+        return (obs.to_dict() if hasattr(obs, "to_dict") else obs, p["action"][idx], p["old_log_prob"][idx],
+                p["advantages"][idx], p["returns"][idx], p["old_value"][idx])
+
+    def _minibatch_step(self, *minibatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One gradient step on a minibatch: (the loss's parts, ratio, log ratio). Compiled and
+        replayed as a CUDA graph when so configured (``UpdateStep``): tensors in, tensors out."""
+        loss, parts, ratio, log_ratio = self._loss(*minibatch)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = nn.utils.clip_grad_norm_(self._params, self.max_grad_norm, foreach=True)
@@ -193,7 +216,7 @@ class PPO:
             "ppo/approx_kl": mean[3],
             "ppo/clip_fraction": mean[4],
             "ppo/explained_variance": explained_var.item(),
-            "ppo/lr": self.optimizer.param_groups[0]["lr"],
+            "ppo/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
         if self.reward_norm is not None:
             metrics["ppo/reward_scale"] = self.reward_norm.scale

@@ -1,7 +1,7 @@
 """Soft Actor-Critic (Haarnoja et al. 2018) with automatic entropy tuning, for Box action spaces.
 
 Read top to bottom: hyperparameters; ``update`` stores a collector batch in the replay buffer and,
-after ``warmup_frames``, runs ``utd`` gradient steps per collected frame. Each ``_step``: the
+after ``warmup_frames``, runs ``utd`` gradient steps per collected frame. Each ``_gradient_step``: the
 twin-Q target with the entropy term, the critics' loss, the actor's loss (min of the twin Qs),
 the temperature's loss, then the Polyak target update. Bootstrapping stops only on termination,
 not truncation (``("next", "observation")`` is the true final observation). A stop request between
@@ -16,10 +16,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rltrain.algos import optimizers
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import SquashedGaussianActor, TwinQ
 from rltrain.algos.pending import to_device
+from rltrain.algos.update_step import UpdateStep, resolve_switch
 from rltrain.data import ReplayBuffer
+from rltrain.device import to_learner
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -53,6 +56,8 @@ class SAC:
         autotune: bool = True,  # learn alpha so the policy's entropy tracks target_entropy
         target_entropy: float | None = None,  # null: -action_dim
         nonfinite: str = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
+        compile: bool | str = "auto",  # torch.compile each gradient step; auto: on a CUDA learner only
+        cuda_graph: bool | str = "auto",  # replay each gradient step as one CUDA graph; auto: on a CUDA learner
     ):
         self.policy, self.device, self.total_frames = policy, torch.device(device), total_frames
         self.gamma, self.tau, self.batch_size, self.utd = gamma, tau, batch_size, utd
@@ -63,14 +68,17 @@ class SAC:
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.target_entropy = -float(act_dim) if target_entropy is None else target_entropy
         self.log_alpha = torch.tensor(float(alpha), device=self.device).log().requires_grad_(autotune)
-        self.actor_optimizer = torch.optim.Adam(policy.parameters(), lr=lr, fused=True)
-        self.critic_optimizer = torch.optim.Adam(self.q.parameters(), lr=critic_lr, fused=True)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=lr, fused=True) if autotune else None
-        optimizers = {"critic": self.critic_optimizer, "actor": self.actor_optimizer}
-        self.guard = NonFiniteGuard(optimizers | ({"alpha": self.alpha_optimizer} if autotune else {}),
+        graphed = resolve_switch(cuda_graph, self.device)
+        self.actor_optimizer = optimizers.adam(policy.parameters(), lr, self.device, graphed)
+        self.critic_optimizer = optimizers.adam(self.q.parameters(), critic_lr, self.device, graphed)
+        self.alpha_optimizer = optimizers.adam([self.log_alpha], lr, self.device, graphed) if autotune else None
+        by_loss = {"critic": self.critic_optimizer, "actor": self.actor_optimizer}
+        self.guard = NonFiniteGuard(by_loss | ({"alpha": self.alpha_optimizer} if autotune else {}),
                                     nonfinite, self.device)
         self._critic_params, self._actor_params = list(self.q.parameters()), list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
+        self._run = UpdateStep(self._gradient_step, "SAC's gradient step", resolve_switch(compile, self.device),
+                               graphed)
         self.frames = 0
         self._owed_steps = 0.0  # fractional gradient steps carried between batches
         self._pending: dict | None = None  # the update under way: gradient steps left, metrics so far
@@ -103,10 +111,10 @@ class SAC:
         self.q_target.load_state_dict(state["q_target"])
         with torch.no_grad():
             self.log_alpha.copy_(state["log_alpha"])
-        self.actor_optimizer.load_state_dict(state["actor_optimizer"])
-        self.critic_optimizer.load_state_dict(state["critic_optimizer"])
+        optimizers.load_adam(self.actor_optimizer, state["actor_optimizer"])
+        optimizers.load_adam(self.critic_optimizer, state["critic_optimizer"])
         if self.alpha_optimizer is not None and "alpha_optimizer" in state:
-            self.alpha_optimizer.load_state_dict(state["alpha_optimizer"])
+            optimizers.load_adam(self.alpha_optimizer, state["alpha_optimizer"])
         self.frames, self._owed_steps = state["frames"], state["owed_steps"]
         self.guard.load_state_dict(state.get("nonfinite"))  # None from an older rltrain: counting starts now
         # Without its replay buffer a checkpoint holds no interrupted update (see state_dict).
@@ -141,8 +149,9 @@ class SAC:
         """Add ``batch`` to the replay buffer; the number of gradient steps it is owed (none in warm-up)."""
         frames = batch.numel()
         self.frames += frames
-        self.buffer.extend(batch.select(*_STORED_KEYS))
-        self.policy.encoder.update(batch["observation"].to(self.device))
+        batch = to_learner(batch, _STORED_KEYS, self.device)
+        self.buffer.extend(batch)
+        self.policy.encoder.update(batch["observation"])
         if self.frames < self.warmup_frames:
             return 0
         if self.policy.uniform:
@@ -152,17 +161,32 @@ class SAC:
         return steps
 
     def _step(self) -> torch.Tensor:
-        policy, q, q_target = self.policy, self.q, self.q_target
+        """One gradient step on a fresh minibatch; its metrics."""
+        return self._run(*self._sample())
+
+    def _sample(self) -> tuple:
+        """A minibatch from the replay buffer and the policy's Gaussian noise for it: the inputs of
+        ``_gradient_step``, drawn outside it (a compiled step computes exactly the eager one's numbers)."""
         b = self.buffer.sample(self.batch_size)
-        obs, action, next_obs = b["observation"], b["action"].flatten(1), b["next", "observation"]
+        obs, next_obs = b["observation"], b["next", "observation"]
+        if hasattr(obs, "to_dict"):  # a Dict observation: a plain dict of tensors
+            obs, next_obs = obs.to_dict(), next_obs.to_dict()
+        noise = torch.randn(2, self.batch_size, self.policy.action_scale.numel(), device=self.device)
+        return obs, b["action"].flatten(1), b["reward"], b["terminated"], next_obs, noise
+
+    def _gradient_step(self, obs, action: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor, next_obs,
+                       noise: torch.Tensor) -> torch.Tensor:
+        """One gradient step of critics, actor and temperature, and the targets' Polyak step; returns
+        its metrics. Compiled and replayed as a CUDA graph when so configured (``UpdateStep``)."""
+        policy, q, q_target = self.policy, self.q, self.q_target
         critic_obs, critic_next_obs = policy.encoder(obs), policy.encoder(next_obs)
         alpha = self.log_alpha.exp().detach()
 
         # Critics: soft Bellman target from the target twins' minimum, bootstrapping unless terminated.
         with torch.no_grad():
-            next_action, next_log_prob = policy.sample(next_obs)
+            next_action, next_log_prob = policy.sample(next_obs, noise=noise[0])
             next_q = q_target(critic_next_obs, next_action.flatten(1)).min(0).values
-            target = b["reward"] + self.gamma * (~b["terminated"]).float() * (next_q - alpha * next_log_prob)
+            target = reward + self.gamma * (~terminated).float() * (next_q - alpha * next_log_prob)
         q_values = q(critic_obs, action)
         critic_loss = 0.5 * (q_values - target).square().mean(1).sum()
         self.critic_optimizer.zero_grad(set_to_none=True)
@@ -170,15 +194,13 @@ class SAC:
         self.guard.check("critic", critic_loss, self._critic_params)  # a NaN/inf step is skipped
         self.critic_optimizer.step()
 
-        # Actor: maximize min-Q plus entropy, through the reparameterized sample. The critics are
-        # frozen meanwhile: their weight gradients would be thrown away (a third of this backward).
-        new_action, log_prob = policy.sample(obs)
-        q.requires_grad_(False)
+        # Actor: maximize min-Q plus entropy, through the reparameterized sample. Only the actor's
+        # gradients are computed: the critics' would be thrown away (a third of this backward).
+        new_action, log_prob = policy.sample(obs, noise=noise[1])
         q_pi = q(critic_obs, new_action.flatten(1)).min(0).values
         actor_loss = (alpha * log_prob - q_pi).mean()
         self.actor_optimizer.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        q.requires_grad_(True)
+        actor_loss.backward(inputs=self._actor_params)
         self.guard.check("actor", actor_loss, self._actor_params)
         self.actor_optimizer.step()
 

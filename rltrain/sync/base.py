@@ -9,7 +9,9 @@ worker processes, so they hold only tensors, locks and pipes (no tensordict, no 
 
 from __future__ import annotations
 
+import logging
 import os
+import weakref
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
 
@@ -17,6 +19,8 @@ import torch
 from torch import nn
 
 from rltrain.errors import SyncError
+
+log = logging.getLogger("rltrain")
 
 _ALIGN = 64  # bytes; every tensor in a flat snapshot starts on a cache line
 _PARALLEL_COPY_BYTES = 4 << 20
@@ -105,11 +109,21 @@ def named_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
+def on_gpu(policy: nn.Module) -> bool:
+    """Whether the policy's weights live on a GPU (a CUDA learner)."""
+    return any(t.is_cuda for t in named_weights(policy).values())
+
+
 class FlatWeights:
     """One contiguous CPU buffer holding a copy of every weight tensor, with a view per name.
 
     One storage means one shared-memory segment (one file descriptor) per snapshot, whatever
     the number of tensors, and pickles as that single segment.
+
+    ``pinned``: the buffer is page-locked, for a GPU learner that copies into it at every push
+    (pinned memory, or shared memory registered with CUDA). ``copy_from`` then gathers the GPU's
+    weights into one block on the GPU, copies that block to the host at full bandwidth in one
+    transfer, and waits for it once.
     """
 
     def __init__(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]], shared: bool, pinned: bool = False):
@@ -122,10 +136,14 @@ class FlatWeights:
         self.buffer = torch.zeros(max(total, _ALIGN), dtype=torch.uint8)
         if shared:
             self.buffer.share_memory_()
-        elif pinned:  # a GPU learner's staging buffer: device-to-host copies at full speed
+            if pinned:
+                _register_with_cuda(self.buffer)
+        elif pinned:
             self.buffer = self.buffer.pin_memory()
         self._offsets = offsets
-        self._make_views()
+        self.views = _views(self.buffer, layout, offsets)
+        self._gather: dict[str, torch.Tensor] | None = None  # views of the GPU block (a GPU learner's)
+        self._gather_buffer: torch.Tensor | None = None
 
     @classmethod
     def like(cls, policy: nn.Module, shared: bool, pinned: bool = False) -> FlatWeights:
@@ -143,27 +161,38 @@ class FlatWeights:
         out.append((names, self.buffer[start:]))
         return out
 
-    def _make_views(self) -> None:
-        self.views = {}
-        for name, (shape, dtype) in self.layout.items():
-            start = self._offsets[name]
-            nbytes = torch.Size(shape).numel() * dtype.itemsize
-            self.views[name] = self.buffer[start : start + nbytes].view(dtype).view(shape)
-
     def __getstate__(self):
         return {"layout": self.layout, "buffer": self.buffer, "_offsets": self._offsets}
 
     def __setstate__(self, state):
         self.__dict__.update(state)
-        self._make_views()
+        self.views = _views(self.buffer, self.layout, self._offsets)
+        self._gather, self._gather_buffer = None, None
 
     def copy_from(self, weights: dict[str, torch.Tensor], names: list[str] | None = None) -> None:
         names = list(self.views) if names is None else names
         sources = [weights[n] for n in names]
+        if sources and sources[0].is_cuda:
+            self._copy_from_gpu(names, sources)
+            return
         with _all_cores(self.buffer.numel()):
+            torch._foreach_copy_([self.views[n] for n in names], sources)
+
+    def _copy_from_gpu(self, names: list[str], sources: list[torch.Tensor]) -> None:
+        """A GPU learner's weights to the host, with one synchronization: gathered on the GPU into one
+        block (one fused copy), then that block in one transfer (pageable memory takes per-tensor ones)."""
+        device = sources[0].device
+        stream = torch.cuda.current_stream(device)
+        if not self.buffer.is_pinned():
             torch._foreach_copy_([self.views[n] for n in names], sources, non_blocking=True)
-        if any(s.is_cuda for s in sources):
-            torch.cuda.synchronize()
+            stream.synchronize()
+            return
+        if self._gather is None:
+            self._gather_buffer = torch.empty_like(self.buffer, device=device)
+            self._gather = _views(self._gather_buffer, self.layout, self._offsets)
+        torch._foreach_copy_([self._gather[n] for n in names], sources)
+        self.buffer.copy_(self._gather_buffer, non_blocking=True)
+        stream.synchronize()
 
     def copy_into(self, weights: dict[str, torch.Tensor]) -> None:
         names = list(self.views)
@@ -181,6 +210,29 @@ class FlatWeights:
                 problems.append(f"{name}: learner {es} {ed}, collector {as_} {ad}")
         if problems:
             raise SyncError("weight snapshot does not match the collector's policy: " + "; ".join(sorted(problems)))
+
+
+def _views(buffer: torch.Tensor, layout: dict, offsets: dict[str, int]) -> dict[str, torch.Tensor]:
+    """A typed, shaped view of ``buffer`` per weight, at its offset."""
+    views = {}
+    for name, (shape, dtype) in layout.items():
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
+        views[name] = buffer[offsets[name]: offsets[name] + nbytes].view(dtype).view(shape)
+    return views
+
+
+def _register_with_cuda(buffer: torch.Tensor) -> None:
+    """Page-lock a shared-memory buffer for CUDA (cudaHostRegister), so that device-to-host copies
+    into it run at full bandwidth; unregistered when the buffer is freed. Where CUDA refuses, the
+    copies still work, through pageable memory, at a fraction of the speed."""
+    cudart = torch.cuda.cudart()
+    try:
+        torch.cuda.check_error(cudart.cudaHostRegister(buffer.data_ptr(), buffer.numel(), 0))
+    except (RuntimeError, torch.cuda.CudaError) as e:
+        log.warning("could not page-lock the shared weight slots for CUDA (%s): pushes copy through pageable "
+                    "memory, several times slower", e)
+        return
+    weakref.finalize(buffer, cudart.cudaHostUnregister, buffer.data_ptr())
 
 
 @contextmanager

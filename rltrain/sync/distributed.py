@@ -42,6 +42,7 @@ from rltrain.sync.base import (
     bind_weights,
     layout_of,
     named_weights,
+    on_gpu,
 )
 
 CONTACT_FILE = "sync.json"
@@ -54,7 +55,7 @@ class _DistributedSender(WeightSender):
     def __init__(self, policy: nn.Module, scheme: DistributedSync, version: int):
         self._weights = named_weights(policy)
         self._scheme = scheme
-        self._on_gpu = any(t.is_cuda for t in self._weights.values())
+        self._on_gpu = on_gpu(policy)
         self._stage = FlatWeights.like(policy, shared=False, pinned=self._on_gpu)
         self._stage.copy_from(self._weights)  # what collectors act with until the first push (for checkpoints)
         self._buckets = self._stage.buckets(scheme.bucket_bytes)

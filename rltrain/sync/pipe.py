@@ -37,7 +37,7 @@ class _PipeSender(WeightSender):
         self._on_gpu = any(t.is_cuda for t in self._sources)
         # A host copy of the last push: what collectors act with until the next one (for
         # checkpoints), and what a GPU learner's weights are sent from.
-        self._stage = FlatWeights(layout, shared=False)
+        self._stage = FlatWeights(layout, shared=False, pinned=self._on_gpu)
         self._stage.copy_from(weights)
         self._writers, self._timeout_s = writers, timeout_s
         self._pool: ThreadPoolExecutor | None = None

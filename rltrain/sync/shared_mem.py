@@ -33,6 +33,7 @@ from rltrain.sync.base import (
     WeightSyncScheme,
     bind_weights,
     named_weights,
+    on_gpu,
 )
 
 
@@ -189,7 +190,8 @@ class SharedMemSync(WeightSyncScheme):
         self._shared: _Shared | None = None
 
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
-        slots = [FlatWeights.like(policy, shared=True) for _ in range(self.n_slots)]
+        # A GPU learner's slots are page-locked: each push is one device-to-host copy into a free slot.
+        slots = [FlatWeights.like(policy, shared=True, pinned=on_gpu(policy)) for _ in range(self.n_slots)]
         slots[0].copy_from(named_weights(policy))  # the initial weights, in slot 0
         self._shared = _Shared(slots, self.timeout_s)
         self._shared.word.fill_(version * self.n_slots)

@@ -1,0 +1,106 @@
+"""How an algorithm's gradient step runs: eagerly, compiled (``algo.compile``), and on a GPU replayed
+as one CUDA graph (``algo.cuda_graph``).
+
+At RL's sizes a GPU learner is launch-bound: a SAC step is a few hundred kernels of microseconds
+each, and Python launching them one by one is what costs. A step function here takes tensors
+(or dicts of them) and returns tensors, with the backward passes, the gradient clipping, the
+non-finite guard and the optimizer steps inside it. ``torch.compile`` fuses its kernels; a CUDA
+graph (captured after a few warm-up steps on a side stream, as PyTorch's whole-network capture
+does) replays all of them with one launch, the inputs copied into the graph's own tensors first.
+Nothing in a step may read a value on the host (``.item()``) or draw random numbers: the caller
+samples the noise and the minibatch, so a compiled step computes exactly what the eager one does.
+
+A call whose inputs differ in shape from the first (a smaller last minibatch) runs eagerly
+rather than compiling or capturing a second time.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+log = logging.getLogger("rltrain")
+
+WARMUP_STEPS = 3  # compiled steps run before the capture (the first compiles; allocations settle)
+
+
+def resolve_switch(value: bool | str, device: torch.device) -> bool:
+    """``auto`` (``algo.compile``, ``algo.cuda_graph``): on for a CUDA learner, off on the CPU, where
+    compiling measured no faster (benchmarks/RESULTS.md)."""
+    return device.type == "cuda" if value == "auto" else bool(value)
+
+
+class UpdateStep:
+    """``step(*inputs)`` as configured. ``name`` is what the compile-time log line calls it."""
+
+    def __init__(self, fn: Callable, name: str, compile: bool, cuda_graph: bool):
+        self.fn, self.name = fn, name
+        self.compile, self.cuda_graph = compile, cuda_graph
+        self._run: Callable | None = None  # the compiled function, once made
+        self._signature: list | None = None  # the inputs' (shape, dtype, device) that are compiled/captured
+        self._calls = 0
+        self._graph: torch.cuda.CUDAGraph | None = None
+        self._static_in: list[torch.Tensor] = []
+        self._static_out: list[torch.Tensor] = []
+        self._out_spec = None
+
+    def __call__(self, *inputs):
+        if not (self.compile or self.cuda_graph):
+            return self.fn(*inputs)
+        flat, spec = tree_flatten(inputs)
+        signature = [(t.shape, t.dtype, t.device) for t in flat]
+        if self._signature is None:
+            self._signature = signature
+        elif signature != self._signature:
+            return self.fn(*inputs)
+        if self._graph is not None:
+            torch._foreach_copy_(self._static_in, flat)
+            self._graph.replay()
+            return tree_unflatten([t.clone() for t in self._static_out], self._out_spec)
+        if self._run is None:
+            self._run = torch.compile(self.fn) if self.compile else self.fn
+        if not self.cuda_graph:
+            return self._timed(self._run, inputs)
+        if self._calls < WARMUP_STEPS:
+            return self._warm_up(inputs)
+        return self._capture(flat, spec)
+
+    def _timed(self, run: Callable, inputs: tuple):
+        """``run(*inputs)``; the first call (which compiles) is timed and logged."""
+        self._calls += 1
+        if self._calls > 1:
+            return run(*inputs)
+        t0 = time.perf_counter()
+        out = run(*inputs)
+        if self.compile:
+            log.info("algo.compile: %s compiled in %.1f s (once per run)", self.name, time.perf_counter() - t0)
+        return out
+
+    def _warm_up(self, inputs: tuple):
+        """A real step, on a side stream: what a capture needs settled (compilation, cuBLAS
+        workspaces, the optimizer's state, the allocator's pools) is made outside the graph."""
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            out = self._timed(self._run, inputs)
+        torch.cuda.current_stream().wait_stream(side)
+        return out
+
+    def _capture(self, flat: list[torch.Tensor], spec):
+        """Record the step into a CUDA graph over copies of this call's inputs, then replay it once:
+        a capture records kernels without running them, and this call's step is still owed."""
+        t0 = time.perf_counter()
+        self._static_in = [t.clone() for t in flat]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = self._run(*tree_unflatten(self._static_in, spec))
+        self._static_out, self._out_spec = tree_flatten(out)
+        self._graph = graph
+        graph.replay()
+        log.info("algo.cuda_graph: %s captured as a CUDA graph in %.2f s, after %d warm-up steps", self.name,
+                 time.perf_counter() - t0, WARMUP_STEPS)
+        return tree_unflatten([t.clone() for t in self._static_out], self._out_spec)
