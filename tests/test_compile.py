@@ -3,6 +3,8 @@ resumes in an eager one and back; bad settings are refused before anything start
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from tensordict import TensorDict
@@ -124,13 +126,15 @@ def test_compile_settings_that_cannot_work_are_refused_naming_the_key(override, 
 
 
 @pytest.mark.slow
-def test_a_compiled_run_trains_logs_its_compile_time_once_and_resumes_eagerly(tmp_path):
-    first = run_cli("algo.compile=true", "trainer.total_frames=3072", "trainer.stop_at_return=null",
-                    "hydra.run.dir=run", cwd=tmp_path)
+def test_a_compiled_run_on_dict_observations_learns_logs_its_compile_once_and_resumes_eagerly(tmp_path):
+    run = ["env.id=tests.toy_envs:GoalCorridor-v0", "env.num_envs=8", "collector.frames_per_batch=256",
+           "algo.lr=1e-3", "algo.minibatch_size=64", "algo.gamma=0.95", "trainer.stop_at_return=null"]
+    first = run_cli(*run, "algo.compile=true", "trainer.total_frames=12288", "hydra.run.dir=run", cwd=tmp_path)
     assert first.returncode == 0, first.stderr
     log = (tmp_path / "run" / "cli.log").read_text()
     assert log.count("algo.compile: PPO's minibatch step compiled in") == 1
-    resumed = run_cli("algo.compile=false", "trainer.total_frames=4096", "trainer.stop_at_return=null",
-                      "resume=run", cwd=tmp_path)
+    resumed = run_cli(*run, "algo.compile=false", "trainer.total_frames=20480", "resume=run", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
-    assert "changed: algo.compile" in (tmp_path / "run" / "cli.log").read_text()
+    assert "changed: algo.compile: True -> False" in (tmp_path / "run" / "cli.log").read_text()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["frames"] == 20480 and summary["eval_return"] >= 0.6  # random: about 0.1 (tests/test_spaces.py)

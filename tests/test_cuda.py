@@ -93,8 +93,10 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu_and_back(algo, tmp_path):
     args = ["trainer.stop_at_return=null", "hydra.run.dir=run"]
     args += ["algo=sac", "env=pendulum", "algo.warmup_frames=256"] if algo == "sac" else []
     for device, frames in (("cuda", 1024), ("cpu", 2048), ("cuda", 3072)):
-        result = run_cli(*args, f"device={device}", f"trainer.total_frames={frames}",
+        result = run_cli(*args, f"device={device}", f"trainer.total_frames={frames}", "hooks.timing.cuda_sync=true",
                          *(["resume=run"] if frames > 1024 else []), cwd=tmp_path, timeout=900)
         assert result.returncode == 0, result.stderr
         summary = json.loads((tmp_path / "run" / "summary.json").read_text())
         assert summary["status"] == "completed" and summary["frames"] == frames
+        assert summary["time"]["update"] > 0 and sum(summary["time"].values()) == pytest.approx(
+            summary["wall_time_s"], rel=0.01)  # the phases, synchronized, still add up to the wall time

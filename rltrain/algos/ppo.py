@@ -19,7 +19,7 @@ from rltrain.algos.advantages import gae
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
 from rltrain.algos.pending import to_device
-from rltrain.algos.update_step import UpdateStep, resolve_switch
+from rltrain.algos.update_step import UpdateStep, plain, resolve_switch
 from rltrain.device import to_learner
 from rltrain.envs.normalization import ReturnNormalizer
 
@@ -76,7 +76,7 @@ class PPO:
         self.optimizer = optimizers.adam(self._params, lr, self.device, graphed,
                                          lr_tensor=anneal_lr and (compiled or graphed), eps=adam_eps)
         self.guard = NonFiniteGuard({"ppo": self.optimizer}, nonfinite, self.device)
-        self._run = UpdateStep(self._minibatch_step, "PPO's minibatch step", compiled, graphed)
+        self._run = UpdateStep(self._minibatch_step, "PPO's minibatch step", compiled, graphed, minibatch_size)
         # On the learner, so every env (in-process, in workers, on other ranks) is scaled alike.
         self.reward_norm = ReturnNormalizer(gamma, clip_reward) if normalize_reward else None
         self.sign_reward = sign_reward
@@ -164,9 +164,8 @@ class PPO:
 
     def _minibatch(self, p: dict, idx: torch.Tensor) -> tuple:
         """The minibatch ``idx`` of the pending update, as ``_minibatch_step``'s inputs."""
-        obs = p["obs"][idx]
-        return (obs.to_dict() if hasattr(obs, "to_dict") else obs, p["action"][idx], p["old_log_prob"][idx],
-                p["advantages"][idx], p["returns"][idx], p["old_value"][idx])
+        return (plain(p["obs"][idx]), p["action"][idx], p["old_log_prob"][idx], p["advantages"][idx],
+                p["returns"][idx], p["old_value"][idx])
 
     def _minibatch_step(self, *minibatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One gradient step on a minibatch: (the loss's parts, ratio, log ratio). Compiled and

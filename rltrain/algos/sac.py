@@ -1,8 +1,8 @@
 """Soft Actor-Critic (Haarnoja et al. 2018) with automatic entropy tuning, for Box action spaces.
 
 Read top to bottom: hyperparameters; ``update`` stores a collector batch in the replay buffer and,
-after ``warmup_frames``, runs ``utd`` gradient steps per collected frame. Each ``_gradient_step``: the
-twin-Q target with the entropy term, the critics' loss, the actor's loss (min of the twin Qs),
+after ``warmup_frames``, runs ``utd`` gradient steps per collected frame. Each ``_gradient_step``:
+the twin-Q target with the entropy term, the critics' loss, the actor's loss (min of the twin Qs),
 the temperature's loss, then the Polyak target update. Bootstrapping stops only on termination,
 not truncation (``("next", "observation")`` is the true final observation). A stop request between
 two gradient steps keeps the steps still owed in ``state_dict``, so a resumed run finishes them.
@@ -20,7 +20,7 @@ from rltrain.algos import optimizers
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import SquashedGaussianActor, TwinQ
 from rltrain.algos.pending import to_device
-from rltrain.algos.update_step import UpdateStep, resolve_switch
+from rltrain.algos.update_step import UpdateStep, plain, resolve_switch
 from rltrain.data import ReplayBuffer
 from rltrain.device import to_learner
 
@@ -78,7 +78,7 @@ class SAC:
         self._critic_params, self._actor_params = list(self.q.parameters()), list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
         self._run = UpdateStep(self._gradient_step, "SAC's gradient step", resolve_switch(compile, self.device),
-                               graphed)
+                               graphed, batch_size)
         self.frames = 0
         self._owed_steps = 0.0  # fractional gradient steps carried between batches
         self._pending: dict | None = None  # the update under way: gradient steps left, metrics so far
@@ -168,11 +168,9 @@ class SAC:
         """A minibatch from the replay buffer and the policy's Gaussian noise for it: the inputs of
         ``_gradient_step``, drawn outside it (a compiled step computes exactly the eager one's numbers)."""
         b = self.buffer.sample(self.batch_size)
-        obs, next_obs = b["observation"], b["next", "observation"]
-        if hasattr(obs, "to_dict"):  # a Dict observation: a plain dict of tensors
-            obs, next_obs = obs.to_dict(), next_obs.to_dict()
         noise = torch.randn(2, self.batch_size, self.policy.action_scale.numel(), device=self.device)
-        return obs, b["action"].flatten(1), b["reward"], b["terminated"], next_obs, noise
+        return (plain(b["observation"]), b["action"].flatten(1), b["reward"], b["terminated"],
+                plain(b["next", "observation"]), noise)
 
     def _gradient_step(self, obs, action: torch.Tensor, reward: torch.Tensor, terminated: torch.Tensor, next_obs,
                        noise: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,8 @@ does) replays all of them with one launch, the inputs copied into the graph's ow
 Nothing in a step may read a value on the host (``.item()``) or draw random numbers: the caller
 samples the noise and the minibatch, so a compiled step computes exactly what the eager one does.
 
-A call whose inputs differ in shape from the first (a smaller last minibatch) runs eagerly
-rather than compiling or capturing a second time.
+Calls of another batch size than the step's (a smaller last minibatch), or whose inputs otherwise
+differ from the first compiled call's, run eagerly rather than compiling or capturing again.
 """
 
 from __future__ import annotations
@@ -34,11 +34,17 @@ def resolve_switch(value: bool | str, device: torch.device) -> bool:
     return device.type == "cuda" if value == "auto" else bool(value)
 
 
-class UpdateStep:
-    """``step(*inputs)`` as configured. ``name`` is what the compile-time log line calls it."""
+def plain(obs):
+    """An observation as a step takes it: a tensor, or a Dict observation's TensorDict as a plain dict."""
+    return obs.to_dict() if hasattr(obs, "to_dict") else obs
 
-    def __init__(self, fn: Callable, name: str, compile: bool, cuda_graph: bool):
-        self.fn, self.name = fn, name
+
+class UpdateStep:
+    """``step(*inputs)`` as configured. ``name`` is what the compile-time log line calls it;
+    ``batch_size`` the leading size of the inputs that are compiled and captured."""
+
+    def __init__(self, fn: Callable, name: str, compile: bool, cuda_graph: bool, batch_size: int):
+        self.fn, self.name, self.batch_size = fn, name, batch_size
         self.compile, self.cuda_graph = compile, cuda_graph
         self._run: Callable | None = None  # the compiled function, once made
         self._signature: list | None = None  # the inputs' (shape, dtype, device) that are compiled/captured
@@ -52,6 +58,8 @@ class UpdateStep:
         if not (self.compile or self.cuda_graph):
             return self.fn(*inputs)
         flat, spec = tree_flatten(inputs)
+        if flat[0].shape[0] != self.batch_size:
+            return self.fn(*inputs)
         signature = [(t.shape, t.dtype, t.device) for t in flat]
         if self._signature is None:
             self._signature = signature
