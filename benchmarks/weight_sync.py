@@ -68,9 +68,10 @@ def parse_count(text: str) -> int:
 
 
 def push_times(scheme_name: str, n_params: int, workers: int, repeats: int, kind: str = "square",
-               device: str = "cpu") -> list[float]:
-    """ms per push until every worker acknowledged it, ``repeats`` pushes after 2 warm-up ones; the
-    learner's weights on ``device``, the workers' on the CPU."""
+               device: str = "cpu", until: str = "held") -> list[float]:
+    """ms per push until every worker acknowledged it (``until="held"``) or until ``push`` returned to
+    the learner (``"pushed"``), ``repeats`` pushes after 2 warm-up ones; the learner's weights on
+    ``device``, the workers' on the CPU."""
     import torch
 
     ctx = mp.get_context("spawn")
@@ -95,11 +96,12 @@ def push_times(scheme_name: str, n_params: int, workers: int, repeats: int, kind
                 next(learner.parameters()).add_(1.0)
             t0 = time.perf_counter()
             version = sender.push()
+            pushed = time.perf_counter()
             deadline = time.monotonic() + 60
             while int(ack.min()) < version:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{scheme_name}: a worker did not acknowledge version {version} in 60 s")
-            times.append((time.perf_counter() - t0) * 1e3)
+            times.append(((pushed if until == "pushed" else time.perf_counter()) - t0) * 1e3)
         return times[2:]
     finally:
         stop.set()

@@ -29,8 +29,8 @@ WARMUP_STEPS = 3  # compiled steps run before the capture (the first compiles; a
 
 
 def resolve_switch(value: bool | str, device: torch.device) -> bool:
-    """``auto`` (``algo.compile``, ``algo.cuda_graph``): on for a CUDA learner, off on the CPU, where
-    compiling measured no faster (benchmarks/RESULTS.md)."""
+    """``auto`` (``algo.compile``, ``algo.cuda_graph``): on for a CUDA learner; off on the CPU, where a
+    15-30 s compile saves at most a third of a small network's step (benchmarks/RESULTS.md)."""
     return device.type == "cuda" if value == "auto" else bool(value)
 
 
