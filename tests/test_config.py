@@ -21,8 +21,11 @@ def all_choices():
 @pytest.mark.parametrize(("group", "choice"), all_choices())
 def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
     # sync=pipe|distributed need worker processes, SAC continuous actions (build rejects the defaults' pairing).
+    # Atari: an untrained argmax policy never presses FIRE, so an evaluation would play out whole
+    # time-limited games (over 200 s); a few hundred steps show the eval path works.
     extra = {("sync", "pipe"): ["collector=lockstep"], ("sync", "distributed"): ["collector=lockstep"],
-             ("algo", "sac"): ["env=pendulum"]}.get((group, choice), [])
+             ("algo", "sac"): ["env=pendulum"], ("env", "atari"): ["+hooks.eval.max_steps=300"],
+             ("env", "atari_loop"): ["+hooks.eval.max_steps=300"]}.get((group, choice), [])
     cfg = make_config(f"{group}={choice}", "trainer.total_frames=512", *extra)
     if (group, choice) == ("collector", "distributed"):  # its collectors are other ranks: tests/test_distributed.py
         with pytest.raises(ConfigError, match="launch with torchrun --nproc-per-node=3"):
