@@ -343,8 +343,9 @@ def _e2e_process(device: str, frames: int, tmp: str) -> subprocess.Popen:
            f"hooks.eval.every={{frames: {max(frames // 4, 1)}}}"]
     if frames < 5000:  # a dry run: learning starts within it; one short evaluation at the end
         cmd += ["algo.warmup_frames=1000", "hooks.eval.every=null", "hooks.eval.episodes=1"]
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    # stderr to a file: what a long run prints cannot fill a pipe and stall it.
+    with open(f"{tmp}/{device}.err", "w") as err:
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
 
 
 def _e2e_table(ctx, device: str) -> Table:
@@ -371,7 +372,7 @@ def _e2e_table(ctx, device: str) -> Table:
         for column in table.columns:
             path = Path(tmp) / column / "summary.json"
             if not path.exists():
-                table.notes.append(f"{column}: no summary.json ({procs[column].stderr.read()[-500:]})")
+                table.notes.append(f"{column}: no summary.json ({Path(tmp, f'{column}.err').read_text()[-500:]})")
                 continue
             summaries[column] = json.loads(path.read_text())
     for label, key, unit in (("frames/s", "fps", "frames/s"), ("frames reached", "frames", "frames"),
