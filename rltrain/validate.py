@@ -21,7 +21,7 @@ from omegaconf.errors import OmegaConfBaseException
 from rltrain import distributed
 from rltrain.algos.finite import MODES as NONFINITE_ALGO
 from rltrain.algos.networks import ACTIVATIONS
-from rltrain.algos.update_step import resolve_switch
+from rltrain.algos.update_step import compile_enabled, cuda_graph_enabled
 from rltrain.collectors.distributed import MODES as DISTRIBUTED_MODES
 from rltrain.device import DEVICES, resolve_device
 from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
@@ -209,11 +209,11 @@ def _check_compile(cfg: DictConfig) -> None:
     """``algo.compile`` and ``algo.cuda_graph`` against the learner's device, and what compiling needs
     there (inductor writes C++ on the CPU and Triton kernels on a GPU)."""
     device = resolve_device(cfg.get("device", "auto"))
-    if resolve_switch(OmegaConf.select(cfg, "algo.cuda_graph", default=False), device) and device.type != "cuda":
+    if cuda_graph_enabled(OmegaConf.select(cfg, "algo.cuda_graph", default=False), device) and device.type != "cuda":
         raise ConfigError(f"algo.cuda_graph=true needs a CUDA learner, but the device is {device}; use "
                           "algo.cuda_graph=auto (on with device=cuda only) or device=cuda")
-    if not resolve_switch(OmegaConf.select(cfg, "algo.compile", default=False), device):
-        return
+    if not compile_enabled(OmegaConf.select(cfg, "algo.compile", default=False), device):
+        return  # (auto without Triton: eager)
     if device.type == "cuda" and importlib.util.find_spec("triton") is None:
         raise ConfigError("algo.compile on a CUDA learner needs Triton, which torch's CUDA wheels bring "
                           "(pip install triton); or set algo.compile=false")

@@ -19,7 +19,7 @@ from rltrain.algos.advantages import gae
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
 from rltrain.algos.pending import to_device
-from rltrain.algos.update_step import UpdateStep, plain, resolve_switch
+from rltrain.algos.update_step import UpdateStep, compile_enabled, cuda_graph_enabled, plain
 from rltrain.device import to_learner
 from rltrain.envs.normalization import ReturnNormalizer
 
@@ -71,7 +71,7 @@ class PPO:
         self.clip_coef, self.clip_vloss = clip_coef, clip_vloss
         self.vf_coef, self.ent_coef = vf_coef, ent_coef
         self.max_grad_norm, self.norm_adv, self.target_kl = max_grad_norm, norm_adv, target_kl
-        compiled, graphed = resolve_switch(compile, self.device), resolve_switch(cuda_graph, self.device)
+        compiled, graphed = compile_enabled(compile, self.device), cuda_graph_enabled(cuda_graph, self.device)
         self._params = list(policy.parameters())
         self.optimizer = optimizers.adam(self._params, lr, self.device, graphed,
                                          lr_tensor=anneal_lr and (compiled or graphed), eps=adam_eps)

@@ -20,7 +20,7 @@ from rltrain.algos import optimizers
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import SquashedGaussianActor, TwinQ
 from rltrain.algos.pending import to_device
-from rltrain.algos.update_step import UpdateStep, plain, resolve_switch
+from rltrain.algos.update_step import UpdateStep, compile_enabled, cuda_graph_enabled, plain
 from rltrain.data import ReplayBuffer
 from rltrain.device import to_learner
 
@@ -68,7 +68,7 @@ class SAC:
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.target_entropy = -float(act_dim) if target_entropy is None else target_entropy
         self.log_alpha = torch.tensor(float(alpha), device=self.device).log().requires_grad_(autotune)
-        graphed = resolve_switch(cuda_graph, self.device)
+        graphed = cuda_graph_enabled(cuda_graph, self.device)
         self.actor_optimizer = optimizers.adam(policy.parameters(), lr, self.device, graphed)
         self.critic_optimizer = optimizers.adam(self.q.parameters(), critic_lr, self.device, graphed)
         self.alpha_optimizer = optimizers.adam([self.log_alpha], lr, self.device, graphed) if autotune else None
@@ -77,7 +77,7 @@ class SAC:
                                     nonfinite, self.device)
         self._critic_params, self._actor_params = list(self.q.parameters()), list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
-        self._run = UpdateStep(self._gradient_step, "SAC's gradient step", resolve_switch(compile, self.device),
+        self._run = UpdateStep(self._gradient_step, "SAC's gradient step", compile_enabled(compile, self.device),
                                graphed, batch_size)
         self.frames = 0
         self._owed_steps = 0.0  # fractional gradient steps carried between batches

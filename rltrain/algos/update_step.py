@@ -16,6 +16,7 @@ differ from the first compiled call's, run eagerly rather than compiling or capt
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import time
 from collections.abc import Callable
@@ -28,9 +29,17 @@ log = logging.getLogger("rltrain")
 WARMUP_STEPS = 3  # compiled steps run before the capture (the first compiles; allocations settle)
 
 
-def resolve_switch(value: bool | str, device: torch.device) -> bool:
-    """``auto`` (``algo.compile``, ``algo.cuda_graph``): on for a CUDA learner; off on the CPU, where a
-    15-30 s compile saves at most a third of a small network's step (benchmarks/RESULTS.md)."""
+def compile_enabled(value: bool | str, device: torch.device) -> bool:
+    """``algo.compile``; ``auto``: on for a CUDA learner where Triton (inductor's GPU code generator)
+    is installed; off on the CPU, where a 15-30 s compile saves at most a third of a small
+    network's step (benchmarks/RESULTS.md)."""
+    if value == "auto":
+        return device.type == "cuda" and importlib.util.find_spec("triton") is not None
+    return bool(value)
+
+
+def cuda_graph_enabled(value: bool | str, device: torch.device) -> bool:
+    """``algo.cuda_graph``; ``auto``: on for a CUDA learner."""
     return device.type == "cuda" if value == "auto" else bool(value)
 
 
