@@ -34,9 +34,9 @@ class NonFiniteGuard:
             if not optimizer.defaults.get("fused"):
                 raise ValueError(f"the {name} optimizer must be fused to skip non-finite steps")
             optimizer.found_inf = self._flags[name]
-        self._names = list(optimizers)
-        self._asked_now = torch.zeros(len(optimizers), dtype=torch.int64, device=device)  # since the last report
-        self._asked = dict.fromkeys(optimizers, 0)  # before the last report, and not yet reported
+        # Steps asked for since the last report, one counter per optimizer, on the device.
+        self._asked = torch.zeros(len(optimizers), dtype=torch.int64, device=device)
+        self._counter = {name: self._asked[i] for i, name in enumerate(optimizers)}  # views, added to in place
         self._taken = {name: _steps_taken(optimizer) for name, optimizer in optimizers.items()}  # at that report
 
     def check(self, name: str, loss: torch.Tensor, params: Iterable[torch.Tensor] = (),
@@ -52,17 +52,17 @@ class NonFiniteGuard:
             flag.copy_(loss.detach()).sub_(flag).ne_(0)
             grads = [p.grad for p in params if p.grad is not None]
             torch._amp_foreach_non_finite_check_and_unscale_(grads, flag, self._one)  # sets flag, scales by 1
-        self._asked_now[self._names.index(name)].add_(1)
+        self._counter[name].add_(1)
 
     def report(self) -> int:
         """Steps skipped since the last report; raises NonFiniteError for them unless ``mode`` is skip."""
-        self._fold_asked()
         new = {}
-        for name, optimizer in self._optimizers.items():
+        for (name, optimizer), asked in zip(self._optimizers.items(), self._asked.tolist()):
             taken = _steps_taken(optimizer)
-            if skipped := self._asked[name] - (taken - self._taken[name]):
+            if skipped := asked - (taken - self._taken[name]):
                 new[name] = skipped
-            self._asked[name], self._taken[name] = 0, taken
+            self._taken[name] = taken
+        self._asked.zero_()
         if new and self.mode == "error":
             which = ", ".join(f"the {name} loss in {n} step{'s' * (n > 1)}" for name, n in new.items())
             raise NonFiniteError(f"a loss or its gradient was NaN or infinite ({which}); those steps were skipped, "
@@ -72,24 +72,17 @@ class NonFiniteGuard:
                                  "(counted as nonfinite/skipped_steps)")
         return sum(new.values())
 
-    def _fold_asked(self) -> None:
-        """Move the device's count of steps asked for into ``_asked`` (one host read)."""
-        for name, n in zip(self._names, self._asked_now.tolist()):
-            self._asked[name] += n
-        self._asked_now.zero_()
-
     def state_dict(self) -> dict:
-        self._fold_asked()
-        return {"asked": dict(self._asked), "taken": dict(self._taken)}
+        return {"asked": dict(zip(self._optimizers, self._asked.tolist())), "taken": dict(self._taken)}
 
     def load_state_dict(self, state: dict | None) -> None:
         """Restore ``state_dict()``'s result, after the optimizers' own; None: count from their state now."""
-        self._asked_now.zero_()
         if state is None:
-            self._asked = dict.fromkeys(self._optimizers, 0)
+            self._asked.zero_()
             self._taken = {name: _steps_taken(optimizer) for name, optimizer in self._optimizers.items()}
         else:
-            self._asked, self._taken = dict(state["asked"]), dict(state["taken"])
+            self._asked.copy_(torch.tensor([state["asked"][name] for name in self._optimizers]))
+            self._taken = dict(state["taken"])
 
 
 def _steps_taken(optimizer: torch.optim.Optimizer) -> int:
