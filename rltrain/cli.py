@@ -15,9 +15,7 @@ import re
 import shutil
 import signal
 import sys
-import threading
 import traceback
-from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from rltrain import checkpoint, distributed
+from rltrain import checkpoint, distributed, stop_signals
 from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError
 from rltrain.factory import RefusedByLearner, build, serve_rank
 from rltrain.help import config_help
@@ -61,7 +59,7 @@ def run(cfg: DictConfig) -> float | None:
     if world is not None and world.rank != 0:
         return _collect_on_rank(cfg, world)
     hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
-    with _sigterm_like_ctrl_c() as seen:
+    with stop_signals.at_once() as seen:
         try:
             if _sweeping():
                 check_resume_in_sweep(cfg)
@@ -90,7 +88,8 @@ def run(cfg: DictConfig) -> float | None:
         signum = signal.Signals(trainer.state.stop_signal or signal.SIGINT)
         last = checkpoint.path_for(run_dir, summary["frames"])
         saved = [p for p in checkpoint.listing(run_dir) if p.name == last.name]
-        where = (f"checkpoint {saved[0].name} and summary.json in {run_dir}. Continue with: python -m rltrain "
+        command = "the same torchrun command" if world is not None else "python -m rltrain"
+        where = (f"checkpoint {saved[0].name} and summary.json in {run_dir}. Continue with: {command} "
                  f"resume={run_dir} (plus the same overrides)") if saved else (
                  f"summary.json in {run_dir}; no checkpoint (hooks.checkpoint is off), so it cannot be resumed")
         return _exit(128 + signum, f"stopped by {signum.name}; {where}")
@@ -102,7 +101,7 @@ def _collect_on_rank(cfg: DictConfig, world: distributed.World) -> None:
     them), to this rank's log (ranks/<rank>.log) and to the exit code. The process then leaves
     without the interpreter's teardown (``distributed.exit_without_teardown``)."""
     code = 0
-    with _sigterm_like_ctrl_c() as seen:
+    with stop_signals.at_once() as seen:
         try:
             serve_rank(cfg)
         except SystemExit as e:
@@ -168,31 +167,6 @@ def _sweeping() -> bool:
 
 def _full_error() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
-
-
-class _SignalSeen:
-    signum = signal.SIGINT  # the signal that stopped the run at once (Ctrl-C if no handler saw one)
-
-
-@contextmanager
-def _sigterm_like_ctrl_c():
-    """Until the trainer installs its own handlers (and after it restores them), SIGTERM stops the
-    run at once, as Ctrl-C does, so that whatever was started is closed again."""
-    seen = _SignalSeen()
-    if threading.current_thread() is not threading.main_thread():
-        yield seen
-        return
-
-    def handle(signum, frame):
-        seen.signum = signal.Signals(signum)
-        raise KeyboardInterrupt
-
-    previous = {s: signal.signal(s, handle) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield seen
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
 
 
 def _record_invocation(cfg: DictConfig, run_dir: Path, hydra_dir: Path) -> None:

@@ -12,19 +12,21 @@ import functools
 import json
 import logging
 import signal
-import threading
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDict
 
+from rltrain import stop_signals
+from rltrain.errors import CollectorError
 from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
 from rltrain.loggers.files import json_safe
 from rltrain.protocols import Algo, Collector
 from rltrain.run_dir import RunDirLock
 from rltrain.state import TrainState
+from rltrain.stop_signals import StopRequested
 
 log = logging.getLogger("rltrain")
 
@@ -54,34 +56,37 @@ class Trainer:
         if self._already_finished() and self._saved_status() == "completed":
             return self._nothing_to_do()
         status = "failed: unknown"
-        previous_handlers = self._catch_stop_signals()
+        with stop_signals.after_step(self._request_stop):  # until everything is closed: a second signal stops at once
+            try:
+                for hook in self.hooks.values():
+                    hook.schedule.catch_up(self.state)  # a resumed run: no hook fires for the past
+                self._fire("start")
+                status = self._train()
+            except KeyboardInterrupt:
+                status = "interrupted"
+                raise
+            except BaseException as e:
+                status = f"failed: {type(e).__name__}: {e}"
+                raise
+            finally:
+                summary = self.summary(status)
+                write_summary(self.state.run_dir, summary)
+                self._close(summary)
+        return summary
+
+    def _train(self) -> str:
+        """The loop, then the end of the run (``end``) or the stop a signal asked for (``interrupt``);
+        returns the run's status."""
         try:
-            for hook in self.hooks.values():
-                hook.schedule.catch_up(self.state)  # a resumed run: no hook fires for the past
-            self._fire("start")
             self._loop()
             # A signal during the last step (but not mid-way through its update) still completes the run.
             if self.state.stop_signal is None or (self._already_finished() and not self.state.mid_update_frames):
                 self._fire("end")
-                status = "completed"
-            else:
-                self._fire("interrupt")
-                status = "interrupted"
-        except KeyboardInterrupt:
-            status = "interrupted"
-            raise
-        except BaseException as e:
-            status = f"failed: {type(e).__name__}: {e}"
-            raise
-        finally:
-            try:
-                summary = self.summary(status)
-                write_summary(self.state.run_dir, summary)
-                self._close(summary)
-            finally:  # last: until everything is closed, a signal still means "stop at once"
-                for signum, handler in previous_handlers.items():
-                    signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-        return summary
+                return "completed"
+        except StopRequested:  # an evaluation (periodic or final) cut short by the signal
+            log.info("stopped during %s", "the final evaluation" if self._already_finished() else "an evaluation")
+        self._fire("interrupt")
+        return "interrupted"
 
     def _already_finished(self) -> bool:
         """A resumed run that had already reached its frames or its target return."""
@@ -105,20 +110,11 @@ class Trainer:
         except (OSError, ValueError):
             return None
 
-    def _catch_stop_signals(self) -> dict:
-        """SIGINT/SIGTERM: finish the current step, then stop (checkpoint, summary); a second one
-        stops at once. Returns the handlers to put back (signals work only in the main thread)."""
-        if threading.current_thread() is not threading.main_thread():
-            return {}
-
-        def handle(signum, frame):
-            first = self.state.stop_signal is None
-            self.state.stop_signal = signum
-            if not first:
-                raise KeyboardInterrupt
-            log.warning("%s: stopping after the current step (again to stop at once)", signal.Signals(signum).name)
-
-        return {signum: signal.signal(signum, handle) for signum in (signal.SIGINT, signal.SIGTERM)}
+    def _request_stop(self, signum: signal.Signals) -> None:
+        """SIGINT/SIGTERM: finish the current step, then stop (checkpoint, summary)."""
+        if self.state.stop_signal is None:
+            log.warning("%s: stopping after the current step (again to stop at once)", signum.name)
+        self.state.stop_signal = signum
 
     def _loop(self) -> None:
         state, timer = self.state, self.state.timer
@@ -127,7 +123,9 @@ class Trainer:
         batches = iter(self.collector)
         while state.frames < state.total_frames and not state.should_stop and state.stop_signal is None:
             with timer.phase("collect"):
-                batch = next(batches)
+                batch = self._collect(batches)
+            if batch is None:
+                return
             lag = state.version - batch["policy_version"]
             if self.max_lag is not None and int(lag.max()) > self.max_lag:
                 state.dropped_batches += 1
@@ -138,6 +136,17 @@ class Trainer:
             self._fire("batch", batch)
             if not self._update(batch):
                 return
+
+    def _collect(self, batches: Iterator[TensorDict]) -> TensorDict | None:
+        """The next batch; None if the collector failed after a stop request (a scheduler signals a
+        job's every process, and one may end first): the run stops as asked, its checkpoint written."""
+        try:
+            return next(batches)
+        except CollectorError as e:
+            if self.state.stop_signal is None:
+                raise
+            log.warning("the collector failed after the stop request; stopping without its batch (%s)", e)
+            return None
 
     def _update(self, batch: TensorDict | None) -> bool:
         """Update on ``batch`` (None: finish the interrupted update), then fire the update hooks.
@@ -156,13 +165,12 @@ class Trainer:
         state.updates += 1
         state.metrics = metrics
         state.window.add(metrics)
-        self._fire("update")
-        if self._solved():
+        if solved := self._solved():
             state.solved_at_frames = state.frames
             log.info("solved: training return %.1f >= %s after %d frames",
                      state.train_return, self.stop_at_return, state.frames)
-            return False
-        return True
+        self._fire("update", last=solved or state.frames >= state.total_frames)
+        return not solved
 
     def _stop_requested(self) -> bool:
         return self.state.stop_signal is not None
@@ -190,10 +198,12 @@ class Trainer:
         return (self.stop_at_return is not None and len(s.recent_returns) == s.recent_returns.maxlen
                 and s.train_return >= self.stop_at_return)
 
-    def _fire(self, event: str, batch: TensorDict | None = None) -> None:
+    def _fire(self, event: str, batch: TensorDict | None = None, last: bool = False) -> None:
+        """Call ``on_<event>`` of every hook (``update``: those due). After the ``last`` update, a hook
+        that runs at the end (``at_end``) waits for it: one final log row, with the final evaluation."""
         state = self.state
         for name, hook in self.hooks.items():
-            if event == "update" and not hook.schedule.due(state):
+            if event == "update" and (not hook.schedule.due(state) or (last and hook.at_end)):
                 continue
             with state.timer.phase(f"hooks/{name}" if hook.phase == "hooks" else hook.phase):
                 if event == "batch":

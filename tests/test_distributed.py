@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from rltrain import build
+from rltrain.checkpoint import listing as checkpoint_listing
 from rltrain.errors import ConfigError
 from tests.conftest import ROOT, make_config, run_cli
 
@@ -279,6 +280,90 @@ def test_torchrun_restarts_a_killed_rank_and_the_run_resumes(tmp_path):
     assert frames == sorted(set(frames)), f"metrics.jsonl repeats or goes back: {frames}"
     assert set(range(2048, 40000, 2048)) <= set(frames), f"a gap in metrics.jsonl: {frames}"
     assert "restart" in out.lower() or (run_dir / "resumes").exists()
+
+
+PREEMPTIBLE = ("collector=distributed", "sync=distributed", "resume=auto", "trainer.total_frames=102400",
+               "trainer.stop_at_return=null", "hooks.progress.bar=false", "~hooks.log.every",
+               "+hooks.log.every={frames: 2048}")
+
+
+def logged_frames(run_dir: Path) -> list[int]:
+    return [json.loads(line)["frames"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_sigterm_to_torchrun_checkpoints_and_resume_auto_continues_the_run(tmp_path):
+    # The SLURM preemption path: torchrun forwards SIGTERM to every rank at once.
+    job = torchrun(*PREEMPTIBLE, cwd=tmp_path, popen=True)
+    try:
+        run_dir = newest_run_dir(tmp_path)
+        wait_for_frames(run_dir, 8192)
+        job.send_signal(signal.SIGTERM)  # to torchrun alone, as a scheduler's signal to the launcher
+        out, _ = job.communicate(timeout=120)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL) if job.poll() is None else None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted", out[-3000:]
+    assert "rltrain: stopped by SIGTERM; checkpoint frames_" in out, out[-3000:]
+    assert "collector rank 1 stopped by SIGTERM" in out and "collector rank 2 stopped by SIGTERM" in out
+    stopped_at = summary["frames"]
+    assert (run_dir / "checkpoints" / f"frames_{stopped_at:012d}.pt").exists()
+
+    resumed = torchrun(*PREEMPTIBLE, cwd=tmp_path, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert run_dirs(tmp_path) == [run_dir]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["frames"] == 102400
+    frames = logged_frames(run_dir)
+    assert frames == sorted(set(frames)) and frames[-1] == 102400, frames
+    assert set(range(2048, 102400, 2048)) <= set(frames), f"a gap in metrics.jsonl: {frames}"
+
+
+def launch_by_hand(args: tuple[str, ...], cwd: Path, port: int) -> list[subprocess.Popen]:
+    """A 3-process job as torchrun starts it, without its agent (which would signal every rank)."""
+    return [subprocess.Popen([sys.executable, "-m", "rltrain", *args], cwd=cwd,
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(r), "WORLD_SIZE": "3",
+                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for r in range(3)]
+
+
+def test_a_stop_signal_checkpoints_even_when_a_rank_is_already_gone(tmp_path):
+    procs = launch_by_hand(PREEMPTIBLE, tmp_path, free_port())
+    try:
+        run_dir = newest_run_dir(tmp_path)
+        wait_for_frames(run_dir, 8192)
+        rank_1 = rank_pid(run_dir, 1)
+        os.kill(rank_1, signal.SIGSTOP)  # the learner now waits on rank 1 (in a collect or in its checkpoint)
+        time.sleep(1)
+        procs[0].send_signal(signal.SIGTERM)
+        time.sleep(1)
+        os.kill(rank_1, signal.SIGKILL)  # gone before it could answer
+        out, _ = procs[0].communicate(timeout=120)
+        for p in procs[1:]:
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 128 + signal.SIGTERM, out[-3000:]
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
+    assert "start fresh episodes on resume" in (run_dir / "cli.log").read_text()
+    assert checkpoint_listing(run_dir), "no checkpoint written"
+
+    procs = launch_by_hand(PREEMPTIBLE, tmp_path, free_port())
+    try:
+        out, _ = procs[0].communicate(timeout=300)
+        for p in procs[1:]:
+            p.wait(timeout=60)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 0, out[-3000:]
+    assert "the envs of collector rank(s) 1 start fresh episodes" in out
+    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
+    frames = logged_frames(run_dir)
+    assert frames == sorted(set(frames)) and frames[-1] == 102400, frames
 
 
 # -- bad input: refused before anything starts

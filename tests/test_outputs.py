@@ -61,6 +61,15 @@ def test_the_last_metrics_row_and_the_summary_agree_on_the_eval_return(tmp_path)
     assert last["eval/return"] == summary["eval_return"]  # the latest evaluation, not a mean of the window's
 
 
+def test_a_log_row_due_at_the_last_batch_is_the_one_final_row_with_the_final_evaluation(tmp_path):
+    cfg = make_config("trainer.total_frames=4096", "trainer.stop_at_return=null", "hooks.eval.every={frames:2048}",
+                      "hooks.eval.episodes=3", "~hooks.log.every", "+hooks.log.every={frames:1024}")
+    summary = build(cfg, run_dir=tmp_path).fit()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [r["frames"] for r in rows] == [1024, 2048, 3072, 4096]
+    assert rows[-1]["eval/return"] == summary["eval_return"] and summary["evaluations"] == 2
+
+
 def test_summary_says_failed_when_a_hook_raises(tmp_path):
     cfg = make_config("+hooks.bad._target_=tests.hooks_for_tests.FailingHook", "+hooks.bad.at_update=2",
                       "trainer.total_frames=4096")

@@ -217,10 +217,32 @@ def test_metrics_csv_continues_like_metrics_jsonl(tmp_path):
         [row["loss/policy"] for row in read_jsonl(tmp_path / "metrics.jsonl") if "loss/policy" in row])
 
 
-def test_a_signal_during_the_last_step_still_completes_the_run(tmp_path):
-    summary = build(make_config(*PPO_RUN, *signal_at(12288)), run_dir=tmp_path).fit()
+def test_a_signal_during_the_last_step_completes_the_run_without_an_evaluation(tmp_path):
+    summary = build(make_config(*PPO_RUN, *signal_at(12288), "hooks.eval.at_end=false"), run_dir=tmp_path).fit()
     assert summary["status"] == "completed" and summary["frames"] == 12288
-    assert summary["eval_return"] is not None  # the final evaluation ran
+
+
+def test_a_signal_during_the_final_evaluation_ends_it_and_resume_evaluates(tmp_path):
+    # 1000 Pendulum episodes of 200 steps: seconds of evaluation, which the signal lands in.
+    run = ("env=pendulum", "collector.frames_per_batch=2048", "trainer.total_frames=4096",
+           "trainer.stop_at_return=null", "hooks.eval.episodes=1000", "hydra.run.dir=outputs/run")
+    signal_in_eval = ("+hooks.kill._target_=tests.hooks_for_tests.SignalDuringUpdate", "+hooks.kill.at_batch=2",
+                      "+hooks.kill.delay_s=1.0")
+    stopped = run_cli(*run, *signal_in_eval, cwd=tmp_path)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    run_dir = tmp_path / "outputs/run"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["frames"] == 4096 and summary["eval_return"] is None
+    assert "stopped during the final evaluation" in (run_dir / "cli.log").read_text()
+    assert [p.name for p in checkpoint.listing(run_dir)] == ["frames_000000004096.pt"]
+
+    resumed = run_cli(*run, "resume=outputs/run", "hooks.eval.episodes=3", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    final = json.loads((run_dir / "summary.json").read_text())
+    assert final["status"] == "completed" and final["frames"] == 4096 and final["eval_return"] is not None
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert [r["frames"] for r in rows][-1:] == [4096] and rows[-1]["eval/return"] == final["eval_return"]
+    assert [r["frames"] for r in rows].count(4096) == 1
 
 
 def test_a_torn_last_metrics_line_does_not_stop_a_resume(tmp_path):
@@ -229,7 +251,7 @@ def test_a_torn_last_metrics_line_does_not_stop_a_resume(tmp_path):
         f.write('{"frames": 99999, "upda')  # a crash mid-write, after the checkpoint
     build(make_config(*PPO_RUN, f"resume={tmp_path}")).fit()
     frames = [row["frames"] for row in read_jsonl(tmp_path / "metrics.jsonl")]
-    assert frames == [2048, 4096, 6144, 8192, 10240, 12288, 12288]
+    assert frames == [2048, 4096, 6144, 8192, 10240, 12288]  # one final row
 
 
 def test_resuming_a_finished_run_changes_nothing(finished_run, tmp_path, caplog):

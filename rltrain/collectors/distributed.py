@@ -25,6 +25,7 @@ import functools
 import logging
 import os
 import queue
+import signal
 import sys
 import threading
 import traceback
@@ -35,6 +36,7 @@ import torch
 from tensordict import TensorDict
 
 from rltrain import distributed as rd
+from rltrain import stop_signals
 from rltrain.collectors.batch import as_batch, batch_key
 from rltrain.collectors.rollout import frame_layout
 from rltrain.collectors.worker import Backlog
@@ -226,32 +228,62 @@ class DistributedCollector(Collector):
                 backlog.finished += 1
 
     def state_dict(self) -> dict | None:
+        """Each rank's envs mid-episode (lock-step only: async ranks never pause). A rank that is gone,
+        or fails to answer, is saved as None and resumes with fresh episodes: the learner's last
+        checkpoint is written whatever the ranks do (a signal may have stopped one first)."""
         if self.mode != "lockstep":
-            return None  # async ranks never pause for checkpoints: their envs start fresh on resume
-        for r in self._ranks:
-            self._command(r, STATE)
-        states = [self._receive(r, OBJECT) for r in self._ranks]
-        return None if any(s is None for s in states) else {"ranks": states}
+            return None
+        self._drop_owed_answers()
+        asked = [r for r in self._ranks if r not in self._lost and self._ask(r, STATE)]
+        answers = {r: self._answer(r) for r in asked}
+        states = [answers.get(r) for r in self._ranks]
+        if gone := [self._who[r] for r in self._ranks if r not in answers]:
+            log.warning("checkpoint without the envs of collector %s (gone): they start fresh episodes on resume",
+                        ", ".join(gone))
+        return {"ranks": states} if any(s is not None for s in states) else None
+
+    def _ask(self, r: int, kind: int) -> bool:
+        try:
+            self._command(r, kind)
+        except CollectorError:
+            return False
+        return True
+
+    def _answer(self, r: int):
+        try:
+            return self._receive(r, OBJECT)
+        except CollectorError as e:
+            log.warning("%s", e)
+            return None
 
     def load_state_dict(self, state: dict) -> None:
-        if self.mode != "lockstep" or len(state.get("ranks", ())) != len(self._ranks):
-            raise ValueError(f"the checkpoint holds {len(state.get('ranks', ()))} collector ranks' envs, this job has "
+        saved = state.get("ranks", ())
+        if self.mode != "lockstep" or len(saved) != len(self._ranks):
+            raise ValueError(f"the checkpoint holds {len(saved)} collector ranks' envs, this job has "
                              f"{len(self._ranks)} ({self.mode})")
-        for r, s in zip(self._ranks, state["ranks"]):
+        loading = [(r, s) for r, s in zip(self._ranks, saved) if s is not None]
+        for r, s in loading:
             self._command(r, LOAD, rd.encode(s))
-        errors = [self._receive(r, OBJECT) for r in self._ranks]
-        failed = [f"rank {r}: {e}" for r, e in zip(self._ranks, errors) if e is not None]
+        errors = [(r, self._receive(r, OBJECT)) for r, _ in loading]
+        if fresh := [str(r) for r, s in zip(self._ranks, saved) if s is None]:
+            log.warning("resume: the envs of collector rank(s) %s start fresh episodes (the checkpoint does not "
+                        "hold them: the rank was gone when it was written)", ", ".join(fresh))
+        failed = [f"rank {r}: {e}" for r, e in errors if e is not None]
         if failed:
             raise ValueError("; ".join(failed))
 
-    def close(self) -> None:
-        # A rank sending its answer takes no CLOSE: read and drop the answer first. Ranks that died
-        # or stopped answering are left out (a message to them would wait out the timeout).
+    def _drop_owed_answers(self) -> None:
+        """Read and drop the answers of ranks commanded but not heard yet (a rank sending one takes no
+        other message); ranks that died or stopped answering are left out (they would wait out the
+        timeout)."""
         for r in sorted(self._owed - set(self._receiving) - self._lost):
             try:
                 self._receive(r, BATCH)
             except CollectorError:
                 pass
+
+    def close(self) -> None:
+        self._drop_owed_answers()
         for r in [r for r in self._ranks if r not in self._lost]:
             try:
                 rd.send_frame(self._group, r, CLOSE)
@@ -316,31 +348,48 @@ class _RankServer:
             raise
 
     def run(self) -> None:
+        """Serve the learner's commands until it says close (or is gone). A stop signal (SIGINT,
+        SIGTERM) waits, as worker processes ignore it: a scheduler or torchrun signals every rank at
+        once, and the learner still asks this rank for its envs' state for its last checkpoint. The
+        rank then exits as stopped by that signal; a second one stops it at once."""
+        requested: list[signal.Signals] = []
+
+        def on_request(signum: signal.Signals) -> None:
+            if not requested:
+                log.warning("%s: the learner saves the run, then stops this rank (again to stop at once)", signum.name)
+            requested.append(signum)
+
         try:
-            while True:
-                try:
-                    kind, nbytes, arg = rd.recv_header(self.group, 0, _LEARNER_SILENCE_S)
-                    payload = rd.recv_payload(self.group, 0, None, nbytes, self.timeout_s)
-                except RuntimeError as e:
-                    if rd.is_peer_gone(e):
-                        log.error("the learner (rank 0) is gone; this collector rank stops")
-                        return
-                    raise
-                if kind == CLOSE:  # the learner's weights sender says its last word right after
-                    self.receiver.wait_ended(5.0)
-                    return
-                if kind == COLLECT:
-                    self._collect(arg)
-                    rd.send_frame(self.group, 0, BATCH, self.buffer.buffer)
-                elif kind == STATE:
-                    rd.send_frame(self.group, 0, OBJECT, rd.encode(self.collector.state_dict()))
-                elif kind == LOAD:
-                    rd.send_frame(self.group, 0, OBJECT, rd.encode(self._load(rd.decode(payload))))
+            with stop_signals.after_step(on_request):
+                self._serve()
         except BaseException:
             self._report_and_close()
             raise
         finally:
             self._close()
+        if requested:  # handed to the handler that was there before (the CLI's: exit with 128 + N)
+            signal.raise_signal(requested[0])
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                kind, nbytes, arg = rd.recv_header(self.group, 0, _LEARNER_SILENCE_S)
+                payload = rd.recv_payload(self.group, 0, None, nbytes, self.timeout_s)
+            except RuntimeError as e:
+                if rd.is_peer_gone(e):
+                    log.error("the learner (rank 0) is gone; this collector rank stops")
+                    return
+                raise
+            if kind == CLOSE:  # the learner's weights sender says its last word right after
+                self.receiver.wait_ended(5.0)
+                return
+            if kind == COLLECT:
+                self._collect(arg)
+                rd.send_frame(self.group, 0, BATCH, self.buffer.buffer)
+            elif kind == STATE:
+                rd.send_frame(self.group, 0, OBJECT, rd.encode(self.collector.state_dict()))
+            elif kind == LOAD:
+                rd.send_frame(self.group, 0, OBJECT, rd.encode(self._load(rd.decode(payload))))
 
     def _collect(self, version: int) -> None:
         if version >= 0:  # lock-step: act with the version pushed before this command, or newer

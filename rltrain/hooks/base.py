@@ -4,7 +4,9 @@ A hook is a small class whose methods are named after the moment they run, each 
 ``TrainState``. ``on_update`` runs when the hook's schedule is due: ``every: {frames|batches|
 updates|seconds: N}`` in the config, after every update when ``every`` is left out, and never when
 it is null (then the hook acts only at its other moments). With ``at_end``, ``on_update`` also runs
-once more when the run finishes normally (the final evaluation, log row, checkpoint).
+once more when the run finishes normally (the final evaluation, log row, checkpoint); such a hook
+due at the very last update runs only then, once, after the hooks before it (the final log row
+holds the final evaluation).
 """
 
 from __future__ import annotations

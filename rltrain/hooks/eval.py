@@ -3,7 +3,9 @@ sampling its actions (``deterministic: false``, for games where the argmax can s
 
 from __future__ import annotations
 
+import functools
 import logging
+import signal
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -16,6 +18,7 @@ from rltrain.envs import BatchedEnv
 from rltrain.envs.spaces import to_torch
 from rltrain.hooks.base import Hook
 from rltrain.state import TrainState
+from rltrain.stop_signals import StopRequested
 
 log = logging.getLogger("rltrain")
 
@@ -57,21 +60,24 @@ class EvalHook(Hook):
             self.evaluate(state)
 
     def evaluate(self, state: TrainState) -> float:
-        """One episode per eval env; returns the mean episode return."""
+        """One episode per eval env; returns the mean episode return. A stop request (SIGINT,
+        SIGTERM) ends it within one env step: StopRequested, nothing recorded."""
         if self._env is None:
             self._env = self.make_env(num_envs=self.episodes)
-        returns, lengths = self._run_episodes(self._env)
+        stop = functools.partial(_raise_if_stopping, state)
+        returns, lengths = self._run_episodes(self._env, stop)
         state.eval_return, self._evaluated_at = float(returns.mean()), state.frames
         state.eval_return_sum += state.eval_return
         state.evaluations += 1
         # The latest, not a mean over the log row: the last row and summary.json show the same return.
         state.window.set({"eval/return": state.eval_return, "eval/episode_length": float(lengths.mean())})
         if self.video:
-            self._record(state.frames)
+            self._record(state.frames, stop)
         return state.eval_return
 
-    def _run_episodes(self, env: BatchedEnv) -> tuple[np.ndarray, np.ndarray]:
-        """One episode in each of ``env``'s envs: (returns, lengths)."""
+    def _run_episodes(self, env: BatchedEnv, stop: Callable[[], None]) -> tuple[np.ndarray, np.ndarray]:
+        """One episode in each of ``env``'s envs: (returns, lengths); ``stop()`` before each step
+        raises to end it early."""
         returns = np.zeros(env.num_envs)
         lengths = np.zeros(env.num_envs, dtype=np.int64)
         running = np.ones(env.num_envs, dtype=bool)
@@ -81,6 +87,7 @@ class EvalHook(Hook):
         try:
             with torch.inference_mode():
                 for _ in range(self.max_steps):
+                    stop()
                     action, _ = self.policy.act(to_torch(obs, self.device), deterministic=self.deterministic)
                     _, reward, terminated, truncated, obs = env.step(action.cpu().numpy())
                     returns += reward * running
@@ -92,7 +99,7 @@ class EvalHook(Hook):
             self.policy.train(was_training)
         return returns, lengths
 
-    def _record(self, frames: int) -> None:
+    def _record(self, frames: int, stop: Callable[[], None]) -> None:
         from gymnasium.wrappers import RecordVideo
 
         env = self.make_env(num_envs=1, render_mode="rgb_array")
@@ -101,7 +108,7 @@ class EvalHook(Hook):
             env.envs[0] = RecordVideo(env.envs[0], str(self.video_dir), episode_trigger=lambda episode: episode == 0,
                                       name_prefix=f"eval-frames_{frames:012d}", disable_logger=True)
         try:
-            self._run_episodes(env)
+            self._run_episodes(env, stop)
         finally:
             env.close()  # writes the file
         log.info("eval video: %s", next(self.video_dir.glob(f"eval-frames_{frames:012d}*"), self.video_dir))
@@ -109,3 +116,8 @@ class EvalHook(Hook):
     def close(self, state: TrainState, summary) -> None:
         if self._env is not None:
             self._env.close()
+
+
+def _raise_if_stopping(state: TrainState) -> None:
+    if state.stop_signal is not None:
+        raise StopRequested(f"evaluation stopped by {signal.Signals(state.stop_signal).name}")
