@@ -1,5 +1,6 @@
 """python -m rltrain.report: a sweep's table (one row per learning rate, seeds aggregated), its learning-curve
-PNG, runs still going or failed, runs of different recipes, csv and json, and the errors a user sees."""
+PNG, runs still going or failed, runs of different recipes, csv and json, files it cannot read, and the errors
+a user sees."""
 
 from __future__ import annotations
 
@@ -28,11 +29,12 @@ SWEEP = ("-m", "seed=0,1", "algo.lr=1e-3,3e-3", "trainer.total_frames=6144", "tr
          "hooks.log.every.seconds=0.1", "hooks.eval.every={frames:2048}", "hooks.eval.episodes=3")
 
 
-def report(*args: str | Path, cwd: Path | None = None, python: list[str] | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m rltrain.report ARGS``."""
+def report(*args: str | Path, cwd: Path | None = None, python: list[str] | None = None,
+           prefix: list[str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``python -m rltrain.report ARGS`` (after the command ``prefix``, if given)."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, *(python or ["-m", "rltrain.report"]), *map(str, args)], cwd=cwd,
-                          env=env, capture_output=True, text=True, timeout=120)
+    return subprocess.run([*(prefix or []), sys.executable, *(python or ["-m", "rltrain.report"]), *map(str, args)],
+                          cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +148,8 @@ def test_a_quoted_glob_reports_the_same_runs_and_csv_parses(sweep):
 
 def test_a_run_still_going_is_reported_from_its_partial_metrics(sweep, tmp_path):
     kept = copy_as_live_run(sweep / "0", tmp_path / "live")
+    # Its half line is the row it is writing now, not a line cut short by a crash: nothing to warn about.
+    assert report(tmp_path / "live", "--no-plot").stderr == ""
 
     (g,) = json_report(tmp_path / "live")
     (run,) = g["runs"]
@@ -254,3 +258,90 @@ def test_float_overrides_are_shown_to_4_significant_digits_and_kept_exact_in_jso
     assert sorted(by_label) == ["algo.lr=0.001", "algo.lr=0.001252", "algo.lr=0.003"]
     assert by_label["algo.lr=0.001252"]["settings"] == {"algo.lr": lr}
     assert "| algo.lr=0.001252 | 1 |" in report(sweep, trial, "--no-plot").stdout
+
+
+# A file of run 0 of a copy of the sweep, as a crash, a full disk or a stray edit leaves it (None: gone), the start
+# of the one line that must name it, and the status run 0 then has.
+DAMAGES = {
+    "empty summary": ({"summary.json": b""}, "summary.json: unreadable (empty)", "no summary"),
+    "garbage summary": ({"summary.json": b"{not json"}, "summary.json: unreadable (Expecting property name",
+                        "no summary"),
+    "a stray byte in metrics": ({"metrics.jsonl": lambda rows: rows.replace(b"\n", b"\n\xff\n", 1)},
+                                "metrics.jsonl: line 2 skipped (not a JSON row", "completed"),
+    "metrics cut short by a crash": ({"summary.json": None, "metrics.jsonl": lambda rows: rows + b'{"frames": 6'},
+                                     "metrics.jsonl: line ", "no summary"),
+    "garbage config": ({".hydra/config.yaml": b"{not: [yaml"}, ".hydra/config.yaml: unreadable (expected ','",
+                       "completed"),
+    "a config that is a list": ({".hydra/config.yaml": b"- seed\n"}, ".hydra/config.yaml: unreadable (a list",
+                                "completed"),
+    "garbage overrides": ({".hydra/overrides.yaml": b"[seed=0"}, ".hydra/overrides.yaml: unreadable (expected ','",
+                          "completed"),
+    "garbage hydra.yaml": ({".hydra/hydra.yaml": b"{not: [yaml"}, ".hydra/hydra.yaml: unreadable (expected ','",
+                           "completed"),
+    "garbage checkpoint config": ({".hydra/config.yaml": None, "checkpoints/config.json": b"{not json"},
+                                  "checkpoints/config.json: unreadable (Expecting property name", "completed"),
+    "a lock cut short": ({"summary.json": None, "run.lock": b'{"pid": 12'}, "run.lock: unreadable (Expecting",
+                         "no summary"),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_file_that_cannot_be_read_is_named_and_every_run_still_reported(sweep, tmp_path, damage):
+    shutil.copytree(sweep, tmp_path / "sweep", ignore=shutil.ignore_patterns("*.png"))
+    files, named, status = DAMAGES[damage]
+    for name, content in files.items():
+        path = tmp_path / "sweep/0" / name
+        if content is None:
+            path.unlink()
+        else:
+            path.write_bytes(content(path.read_bytes()) if callable(content) else content)
+
+    result = report(tmp_path / "sweep", "--format", "json", "--no-plot")
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.startswith(f"rltrain.report: {tmp_path / 'sweep/0'}/{named}")
+    assert len(result.stderr.splitlines()) == 1, result.stderr
+    runs = {Path(run["dir"]).name: run for g in json.loads(result.stdout)["groups"] for run in g["runs"]}
+    assert sorted(runs) == ["0", "1", "2", "3"]
+    assert runs["0"]["status"] == status and runs["0"]["frames"] > 0  # without its summary: from its metrics rows
+    assert all(runs[name]["status"] == "completed" for name in "123")
+
+
+def test_a_dir_or_file_without_permission_is_named_and_the_other_runs_reported(sweep, tmp_path):
+    # Root reads any file: run the report without that power (setpriv drops it), as a user runs it.
+    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
+    if prefix and subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("root reads any file, and setpriv cannot take that away here")
+    copy = tmp_path / "sweep"
+    shutil.copytree(sweep, copy, ignore=shutil.ignore_patterns("*.png"))
+    locked = [copy / "0", copy / "1/.hydra", copy / "2/summary.json"]
+    for path in locked:
+        path.chmod(0)
+    try:
+        result = report(copy, "--format", "json", "--no-plot", prefix=prefix)
+    finally:
+        for path in locked:
+            path.chmod(0o755)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.splitlines() == [
+        f"rltrain.report: {copy / '0'}: cannot be listed (Permission denied); the runs in it, if any, are left out",
+        *[f"rltrain.report: {copy / '1/.hydra' / name}: unreadable (Permission denied); the run is reported without it"
+          for name in ("config.yaml", "hydra.yaml", "overrides.yaml")],
+        f"rltrain.report: {copy / '2/summary.json'}: unreadable (Permission denied); the run is reported without it"]
+    runs = {Path(run["dir"]).name: run for g in json.loads(result.stdout)["groups"] for run in g["runs"]}
+    assert sorted(runs) == ["1", "2", "3"]
+    assert runs["2"]["status"] == "no summary" and runs["2"]["frames"] > 0
+    # Its config is read from checkpoints/config.json instead.
+    assert runs["1"]["seed"] == yaml.safe_load((sweep / "1/.hydra/config.yaml").read_text())["seed"]
+
+
+def test_the_plot_is_written_where_the_message_says(sweep, tmp_path):
+    (tmp_path / "plots").mkdir()
+    for out, written in [(tmp_path / "lr", tmp_path / "lr.png"),  # a name without .png: .png is added
+                         (tmp_path / "plots", tmp_path / "plots/report.png"),  # a dir: report.png in it
+                         (tmp_path / "new/lr.png", tmp_path / "new/lr.png")]:  # in a dir not made yet
+        result = report(sweep, "--out", out)
+        assert result.returncode == 0, result.stderr
+        assert result.stderr == f"rltrain.report: plot written to {written}\n"
+        assert png_size(written)[0] > 600
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*")) == [
+        "lr.png", "new", "new/lr.png", "plots", "plots/report.png"]

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import sys
 from pathlib import Path
@@ -29,10 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("paths", nargs="+", metavar="PATH", help="run dirs, dirs that hold runs, or glob patterns")
     parser.add_argument("--format", choices=FORMATS, default="markdown", help="the table's format (default: markdown)")
     parser.add_argument("--out", metavar="FILE.png",
-                        help="the plot's file (default: report.png in PATH, or in the common parent of the PATHs)")
+                        help="the plot's file (.png is added to a name without it), or a dir to write report.png in "
+                             "(default: report.png in PATH, or in the common parent of the PATHs)")
     parser.add_argument("--no-plot", action="store_true", help="the table only")
     parser.add_argument("--title", help="the plot's title")
     args = parser.parse_args(argv)
+    logging.basicConfig(format="%(name)s: %(message)s")  # a file the report cannot read: "rltrain.report: FILE: why"
     try:
         groups = group(load_runs(args.paths))
     except NoRunsError as e:
@@ -47,6 +50,9 @@ def main(argv: list[str] | None = None) -> int:
             if not (e.name or "").startswith("matplotlib"):
                 raise
             print(NO_MATPLOTLIB, file=sys.stderr)
+        except OSError as e:  # a dir we may not write in
+            print(f"rltrain.report: the plot cannot be written: {e}", file=sys.stderr)
+            return 1
         else:
             print(f"rltrain.report: plot written to {written}", file=sys.stderr)
     return 0

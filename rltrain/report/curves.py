@@ -20,7 +20,8 @@ CHAR_PT, HANDLE_PT, LINE_PT, ENTRY_GAP_PT = 5.1, 30.0, 10.2, 4.3
 
 
 def plot(groups: list[Group], out: str | Path, title: str | None = None) -> Path:
-    """Write the learning curves of ``groups`` to the PNG ``out``; raises ModuleNotFoundError without matplotlib.
+    """Write the learning curves of ``groups`` to the PNG ``out`` (``report.png`` in it if it is a dir; ``.png`` added
+    to a name without it) and return the path written; raises ModuleNotFoundError without matplotlib.
     A row of panels (eval, training return) per env, as returns of different envs share no scale, and one legend
     below them all: the labels, or #1..#N (the markdown table's # column) for more than NUMBERED_ABOVE groups.
     Each seed is interpolated onto the frames any seed logged and counts only within the frames it reached."""
@@ -31,6 +32,12 @@ def plot(groups: list[Group], out: str | Path, title: str | None = None) -> Path
     from matplotlib.figure import Figure
     from matplotlib.ticker import EngFormatter
 
+    out = Path(out)
+    if out.is_dir():
+        out = out / "report.png"
+    elif out.suffix.lower() != ".png":  # matplotlib would add .png to a bare name, and refuse an unknown suffix
+        out = out.with_name(out.name + ".png")
+    out.parent.mkdir(parents=True, exist_ok=True)
     by_env: dict[str, list[int]] = {}  # env id ("" where unknown): the indices of its groups
     for i, g in enumerate(groups):
         by_env.setdefault(str(g.runs[0].config.get("env.id", "")), []).append(i)
@@ -64,8 +71,8 @@ def plot(groups: list[Group], out: str | Path, title: str | None = None) -> Path
             fig.legend(handles, [labels[i] for i in plotted], loc="outside lower center", ncol=ncol, frameon=False)
         if title:
             fig.suptitle(title, fontsize=12)
-        fig.savefig(out)
-    return Path(out)
+        fig.savefig(out, format="png")
+    return out
 
 
 def _draw(ax: Any, np: Any, g: Group, curve: str, color: Any, label: str, tag: str | None) -> None:
