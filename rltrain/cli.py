@@ -29,6 +29,7 @@ from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError
 from rltrain.factory import RefusedByLearner, build, serve_rank
 from rltrain.help import config_help
 from rltrain.run_dir import log_file, unique_dir
+from rltrain.trainer import result_line
 from rltrain.validate import check_resume_in_sweep
 
 EXIT_FAILED, EXIT_REFUSED = 1, 2
@@ -84,6 +85,7 @@ def run(cfg: DictConfig) -> float | None:
                                     f"{run_dir / 'summary.json'}")
         except Exception as e:  # noqa: BLE001
             return _failed(e, f"after {trainer.state.frames:,} frames")
+    logging.getLogger("rltrain").info(result_line(summary))
     if summary["status"] == "interrupted":
         signum = signal.Signals(trainer.state.stop_signal or signal.SIGINT)
         last = checkpoint.path_for(run_dir, summary["frames"])

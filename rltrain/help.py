@@ -69,12 +69,13 @@ def yaml_comments(text: str) -> dict[str, str]:
 
 
 def signature_comments(target: str) -> dict[str, str]:
-    """``parameter -> comment`` from the ``# comment`` on each line of ``target``'s __init__ signature."""
+    """``parameter -> comment`` from the ``# comment`` on each line of ``target``'s signature (a class's __init__)."""
     try:
-        from hydra.utils import get_class
+        from hydra.utils import get_object  # not get_class: it logs an error line for a function target
 
-        source = inspect.getsource(get_class(target).__init__)
-    except Exception:  # noqa: BLE001  (not importable, not a class, no source: no comments, not an error)
+        found = get_object(target)
+        source = inspect.getsource(found.__init__ if inspect.isclass(found) else found)
+    except Exception:  # noqa: BLE001  (not importable, no source: no comments, not an error)
         return {}
     lines = source.splitlines()
     end = next((i for i, line in enumerate(lines) if _SIGNATURE_END.match(line)), len(lines))

@@ -273,6 +273,19 @@ def summarize(s: TrainState, status: str, stop_at_return: float | None) -> dict[
     return summary
 
 
+def result_line(summary: dict[str, Any]) -> str:
+    """A run's result in one line, as the CLI ends with it whatever the loggers."""
+    fields = [f"status {summary['status']}", f"frames {summary['frames']:,}",
+              f"{summary['wall_time_s']:.1f}s", f"{summary['fps']:,.0f} fps"]
+    if summary.get("train_return") is not None:
+        fields.append(f"train return {summary['train_return']:.1f}")
+    if summary.get("eval_return") is not None:
+        fields.append(f"eval return {summary['eval_return']:.1f}")
+    if summary.get("solved"):
+        fields.append(f"solved at {summary['frames_to_solve']:,} frames")
+    return "done: " + " | ".join(fields)
+
+
 def write_summary(run_dir: Path, summary: dict[str, Any]) -> None:
     """Write summary.json atomically (a reader never sees half a file)."""
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -156,6 +156,7 @@ def test_help_lists_the_config_groups(tmp_path):
                  "logger: console, csv, tensorboard, wandb"]:
         assert line in result.stdout
     assert "env: " in result.stdout and "cartpole" in result.stdout
+    assert result.stdout.startswith("rltrain: declarative") and "Error" not in result.stdout + result.stderr
 
 
 def test_cfg_job_prints_the_composed_config_with_overrides(tmp_path):

@@ -70,6 +70,14 @@ def test_a_log_row_due_at_the_last_batch_is_the_one_final_row_with_the_final_eva
     assert rows[-1]["eval/return"] == summary["eval_return"] and summary["evaluations"] == 2
 
 
+@pytest.mark.parametrize("logger", ["console", "csv"])
+def test_the_cli_ends_with_the_result_line_whatever_the_loggers(logger, tmp_path):
+    proc = run_cli(f"logger={logger}", "trainer.total_frames=2048", "hooks.progress.bar=false", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    last = (proc.stdout + proc.stderr).strip().splitlines()[-1]
+    assert "done: status completed | frames 2,048 |" in last and "eval return" in last
+
+
 def test_summary_says_failed_when_a_hook_raises(tmp_path):
     cfg = make_config("+hooks.bad._target_=tests.hooks_for_tests.FailingHook", "+hooks.bad.at_update=2",
                       "trainer.total_frames=4096")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any
 
 from rltrain.loggers.base import Logger
 
@@ -25,16 +24,3 @@ class ConsoleLogger(Logger):
         losses = [f"{k[5:]} {v:.3g}" for k, v in row.items() if k.startswith("loss/")]
         extra = [f"{k} {row[k]:.4g}" for k in self.keys if k in row]
         log.info(" | ".join(parts + losses + extra))
-
-    def close(self, summary: dict[str, Any] | None = None) -> None:
-        if summary is None:
-            return
-        fields = [f"status {summary['status']}", f"frames {summary['frames']:,}",
-                  f"{summary['wall_time_s']:.1f}s", f"{summary['fps']:,.0f} fps"]
-        if summary.get("train_return") is not None:
-            fields.append(f"train return {summary['train_return']:.1f}")
-        if summary.get("eval_return") is not None:
-            fields.append(f"eval return {summary['eval_return']:.1f}")
-        if summary.get("solved"):
-            fields.append(f"solved at {summary['frames_to_solve']:,} frames")
-        log.info("done: " + " | ".join(fields))
