@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
 import random
 import re
 from collections.abc import Sequence
@@ -259,11 +260,25 @@ def load(path: Path) -> dict[str, Any]:
     except Exception as e:  # noqa: BLE001  (truncated, corrupt, or not a torch file at all)
         older = [p.name for p in listing(path.parent.parent) if _frames(p) < _frames(path)]
         hint = f"; older checkpoints beside it: {', '.join(older)} (resume=<that file>)" if older else ""
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(e).__name__}: "
-                              f"{str(e).splitlines()[0] if str(e) else 'no detail'}){hint}") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint: {_damage(path, e)}{hint}") from None
     if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
         raise CheckpointError(f"{path} is not an rltrain checkpoint (format {FORMAT})")
     return checkpoint
+
+
+def _damage(path: Path, e: Exception) -> str:
+    """What is wrong with a file that does not load, in words (torch's own messages suggest retrying
+    with weights_only=False, which would not help a damaged file and would run what a foreign one holds)."""
+    if isinstance(e, OSError):
+        return f"{type(e).__name__}: {e.strerror or e}"
+    if path.stat().st_size == 0:
+        return "the file is empty"
+    if isinstance(e, pickle.UnpicklingError):
+        return ("the file is corrupt: its contents are not the tensors and plain values rltrain writes (damaged, or "
+                "written by another program)")
+    if "zip archive" in str(e) or isinstance(e, EOFError):
+        return "the file is corrupt: it is cut short or damaged (not a complete torch.save archive)"
+    return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}"
 
 
 def run_dir_of(path: Path) -> Path | None:

@@ -15,14 +15,17 @@ import re
 import shutil
 import signal
 import sys
+import tempfile
 import traceback
 from datetime import datetime
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
 from rltrain import checkpoint, distributed, stop_signals
 from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError
@@ -47,7 +50,8 @@ _RENAMED = {"collector=sync": "collector=lockstep (lock-step worker processes; s
 _PLUGINS = {
     "launcher": {"joblib": "hydra-joblib-launcher", "submitit_local": "hydra-submitit-launcher",
                  "submitit_slurm": "hydra-submitit-launcher", "ray": "hydra-ray-launcher", "rq": "hydra-rq-launcher"},
-    "sweeper": {"optuna": "hydra-optuna-sweeper", "ax": "hydra-ax-sweeper", "nevergrad": "hydra-nevergrad-sweeper"},
+    "sweeper": {"optuna": "hydra-optuna-sweeper", "checked_optuna": "hydra-optuna-sweeper",
+                "ax": "hydra-ax-sweeper", "nevergrad": "hydra-nevergrad-sweeper"},
 }
 _SWEEP_EXTRA = {"hydra-optuna-sweeper", "hydra-joblib-launcher", "hydra-submitit-launcher"}  # rltrain[sweep]
 
@@ -240,6 +244,34 @@ def _discard_if_unused(run_dir: Path) -> None:
     while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
         parent.rmdir()
         parent = parent.parent
+
+
+class RunDirCheck(Callback):
+    """Before Hydra makes the run dir, check that it can be written (rltrain's sweepers check the
+    sweep dir once every job's config passed: ``check_writable``)."""
+
+    def on_run_start(self, config: DictConfig, **kwargs) -> None:
+        check_writable(config, "hydra.run.dir")
+
+
+def check_writable(config: DictConfig, key: str) -> None:
+    """Make the dir at ``key`` and check that a file can be written in it: else one line naming it
+    and exit code 2, instead of Hydra's traceback from its ``mkdir`` or its log file."""
+    try:
+        folder = Path(str(OmegaConf.select(config, key)))  # the default dir's resolver makes it
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        _unwritable(key, f"{e.strerror}: {e.filename}" if e.strerror else str(e))
+    except InterpolationResolutionError as e:  # the default dir's resolver could not make it
+        _unwritable(key, re.sub(r"^\w+ raised while resolving interpolation: ", "", str(e).splitlines()[0]))
+
+
+def _unwritable(key: str, what: str) -> None:
+    print(f"rltrain: cannot write the run dir ({what}); set another with {key}=PATH, or run from a dir you can "
+          "write", file=sys.stderr)
+    sys.exit(EXIT_REFUSED)
 
 
 def check_command_line(args: list[str]) -> None:

@@ -61,8 +61,13 @@ RUNTIME_ARGS = {
 }
 
 
+def _number(v) -> bool:
+    """A finite int or float (not a bool): inf and nan pass no rule that asks for a number."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def _positive(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0
+    return _number(v) and v > 0
 
 
 def _positive_int(v) -> bool:
@@ -74,11 +79,11 @@ def _non_negative_int(v) -> bool:
 
 
 def _non_negative(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and v >= 0
+    return _number(v) and v >= 0
 
 
 def _unit(v) -> bool:
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and 0 <= v <= 1
+    return _number(v) and 0 <= v <= 1
 
 
 # (key, check, what is allowed, optional hint). A rule applies when its key is in the config.
@@ -89,7 +94,7 @@ RULES: list[tuple[str, Callable, str, str]] = [
     ("threads", lambda v: v is None or _positive_int(v), "an integer >= 1 or null", ""),
     ("trainer.total_frames", _positive_int, "an integer >= 1", ""),
     ("trainer.return_window", _positive_int, "an integer >= 1", ""),
-    ("trainer.stop_at_return", lambda v: v is None or v == "auto" or isinstance(v, numbers.Real),
+    ("trainer.stop_at_return", lambda v: v is None or v == "auto" or _number(v),
      "a number, auto (the env's reward threshold) or null (never stop early)", ""),
     ("env.num_envs", _positive_int, "an integer >= 1", ""),
     ("env.nonfinite", lambda v: v in NONFINITE_ENV, " or ".join(NONFINITE_ENV), ""),

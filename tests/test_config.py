@@ -48,6 +48,11 @@ BAD_INPUT = [
     (["collector.frames_per_batch=100"], "must be a multiple of env.num_envs (16)"),
     (["env.num_envs=0"], "env.num_envs must be an integer >= 1 (got 0)"),
     (["algo.gamma=1.5"], "algo.gamma must be a number in (0, 1] (got 1.5)"),
+    # Non-finite numbers where a finite one is needed: refused up front, not at the first update.
+    (["algo.lr=inf"], "algo.lr must be a number > 0 (got inf)"),
+    (["algo.ent_coef=nan"], "algo.ent_coef must be a number >= 0 (got nan)"),
+    (["trainer.stop_at_return=nan"], "trainer.stop_at_return must be a number, auto"),
+    (["hooks.log.every.seconds=inf"], "hooks.log.every.seconds must be a number > 0"),
     (["trainer.total_frames=0"], "trainer.total_frames must be an integer >= 1"),
     (["hooks.log.every.seconds=0"], "hooks.log.every.seconds must be a number > 0"),
     (["algo.network.activation=sigmoid"], "algo.network.activation must be one of"),

@@ -176,3 +176,32 @@ def test_the_lock_is_exclusive_while_held_and_free_after_release(tmp_path):
     lock.release()
     assert not (tmp_path / LOCK_FILE).exists()
     RunDirLock.acquire(tmp_path).release()
+
+
+def without_root_powers() -> list[str]:
+    """A command prefix that runs as root does without its power to write anywhere (as a user runs)."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+    if subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("root writes anywhere, and setpriv cannot take that away here")
+    return prefix
+
+
+@pytest.mark.parametrize("case", ["under a file", "read-only cwd", "read-only cwd, sweep",
+                                  "read-only cwd, optuna sweep"])
+def test_an_unwritable_run_dir_is_one_line_naming_it_and_exit_code_2(case, tmp_path):
+    (tmp_path / "a_file").write_text("")
+    args, prefix, cwd = ["hydra.run.dir=a_file/run"], [], tmp_path
+    if case != "under a file":
+        prefix, cwd = without_root_powers(), tmp_path / "read_only"
+        cwd.mkdir(mode=0o555)
+        args = {"read-only cwd": [], "read-only cwd, sweep": ["-m", "seed=0,1"],
+                "read-only cwd, optuna sweep": ["-m", "sweep=ppo_cartpole_optuna"]}[case]
+    proc = subprocess.run([*prefix, sys.executable, "-m", "rltrain", *args, "trainer.total_frames=1024"], cwd=cwd,
+                          env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    (line,) = proc.stderr.splitlines()
+    key = "hydra.sweep.dir" if "sweep" in case else "hydra.run.dir"
+    assert line.startswith("rltrain: cannot write the run dir (") and f"set another with {key}=PATH" in line
+    assert ("Not a directory: a_file/run" if case == "under a file" else "Permission denied: 'outputs'") in line

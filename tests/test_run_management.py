@@ -330,7 +330,8 @@ def test_a_finished_run_can_be_extended(finished_run, tmp_path):
 @pytest.mark.parametrize("case, message", [
     ("missing", "no such file or directory"),
     ("no_checkpoints", "holds no checkpoints"),
-    ("corrupt", "is not a readable checkpoint"),
+    ("corrupt", "is not a readable checkpoint: the file is corrupt: it is cut short or damaged"),
+    ("garbage", "is not a readable checkpoint: the file is corrupt: its contents are not the tensors"),
     ("other_shapes", "does not fit this config"),
 ])
 def test_bad_resume_targets_fail_clearly_and_change_nothing(finished_run, tmp_path, case, message):
@@ -347,12 +348,17 @@ def test_bad_resume_targets_fail_clearly_and_change_nothing(finished_run, tmp_pa
         ckpt = checkpoint.listing(run_dir)[-1]
         ckpt.write_bytes(ckpt.read_bytes()[:1000])
         target = ckpt
+    elif case == "garbage":  # a pickle, but not of tensors and plain values
+        ckpt = checkpoint.listing(run_dir)[-1]
+        torch.save({"when": __import__("datetime").datetime(2026, 1, 1)}, ckpt)
+        target = ckpt
     else:
         overrides = ["algo.network.hidden_sizes=[32,32]"]
         target = run_dir
     before = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
-    with pytest.raises(CheckpointError, match=message):
+    with pytest.raises(CheckpointError, match=message) as refused:
         build(make_config(f"resume={target}", *overrides), run_dir=tmp_path / "new")
+    assert "weights_only" not in str(refused.value)  # not torch's advice to unpickle anything
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == before
     assert not (tmp_path / "new").exists()
 
