@@ -47,6 +47,17 @@ def test_an_env_that_raises_fails_the_run_in_one_paragraph(collector, tmp_path):
     assert 'raise RuntimeError(f"env exploded at step {self.steps}")' in log  # the env's own line
 
 
+@pytest.mark.parametrize(("fault", "what"), [
+    ("bad_shape", r"an observation of shape \(3,\) where its observation space has shape \(4,\)"),
+    ("bad_reward", r"a reward of array\(\[1., 1.\]\), not a number"),
+])
+def test_an_env_that_returns_the_wrong_thing_is_told_what_was_wrong(fault, what, tmp_path):
+    result = run_cli(*FAULTY, f"+env.kwargs.fault={fault}", "+env.kwargs.at_step=40", cwd=tmp_path)
+    env_error = (rf"EnvError: env tests.toy_envs:Faulty-v0 \(env \d+ of \d+\) returned {what} from step\(\) at its "
+                 r"step 40; fix the env \(or a wrapper of env.wrappers\) so that what it returns fits its spaces")
+    assert_failed(result.returncode, result.stderr, "after 512 frames", env_error, tmp_path / "run")
+
+
 def test_a_killed_worker_is_named_with_its_signal_and_the_likely_cause(tmp_path):
     proc = start_cli("collector=lockstep", "trainer.total_frames=100000000", "trainer.stop_at_return=null",
                      "hooks.log.every.seconds=0.2", "hydra.run.dir=run", cwd=tmp_path)

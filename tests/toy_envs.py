@@ -49,8 +49,9 @@ gym.register("RecordAction-v0", entry_point=RecordActionEnv, max_episode_steps=1
 
 
 class FaultyEnv(gym.Env):
-    """CartPole-shaped env that misbehaves at its ``at_step``-th step: raise, os._exit, or hang
-    (with ``rank``, only in that rank of a torchrun job)."""
+    """CartPole-shaped env that misbehaves at its ``at_step``-th step: raise, os._exit, hang, or return
+    an observation of the wrong shape or a reward that is not a number (with ``rank``, only in that
+    rank of a torchrun job)."""
 
     observation_space = gym.spaces.Box(-1.0, 1.0, shape=(4,), dtype=np.float32)
     action_space = gym.spaces.Discrete(2)
@@ -81,6 +82,10 @@ class FaultyEnv(gym.Env):
                 import time
 
                 time.sleep(3600)
+            if self.fault == "bad_shape":
+                return np.zeros(3, dtype=np.float32), 1.0, False, False, {}
+            if self.fault == "bad_reward":
+                return np.zeros(4, dtype=np.float32), np.ones(2), False, False, {}
         return np.zeros(4, dtype=np.float32), 1.0, False, False, {}
 
 

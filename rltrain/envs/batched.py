@@ -162,6 +162,21 @@ def _float_leaves(buffer: np.ndarray | dict[str, np.ndarray]) -> list[tuple[str,
     return [(name, values) for name, values in arrays.items() if values.dtype.kind == "f"]
 
 
+def _misfit(obs, buffer: np.ndarray | dict[str, np.ndarray]) -> str:
+    """How one env's observation differs from a row of ``buffer`` (what its observation space holds)."""
+    if isinstance(buffer, dict):
+        if not isinstance(obs, dict) or set(obs) != set(buffer):
+            got = f"keys {sorted(obs)}" if isinstance(obs, dict) else f"a {type(obs).__name__}"
+            return f"an observation with {got} where its Dict space has keys {sorted(buffer)}"
+        return "; ".join(f"[{key!r}]: {_misfit(obs[key], values)}" for key, values in buffer.items()
+                         if np.shape(obs[key]) != values.shape[1:]) or "an observation its space cannot hold"
+    try:
+        shape = np.shape(obs)
+    except ValueError:  # a ragged sequence
+        shape = "ragged"
+    return f"an observation of shape {shape} where its observation space has shape {buffer.shape[1:]}"
+
+
 class EnvBatch:
     """What every backend shares: ``num_envs`` envs of one spec stepped together, and the checks
     on what they return.
@@ -251,6 +266,10 @@ class EnvBatch:
         return EnvError(f"env {self.id} ({which}) raised in {method}() at its step {step}: "
                         f"{type(error).__name__}: {error}")
 
+    def _returned(self, i: int, method: str, step: int, what: str) -> EnvError:
+        return EnvError(f"env {self.id} (env {i} of {self.num_envs}) returned {what} from {method}() at its step "
+                        f"{step}; fix the env (or a wrapper of env.wrappers) so that what it returns fits its spaces")
+
     def _nonfinite(self, key: str, values: np.ndarray, method: str) -> None:
         """Fail naming the first env whose ``key`` is NaN/inf, or (replace) set those values to 0."""
         bad = ~np.isfinite(values.reshape(self.num_envs, -1)).all(1)
@@ -284,9 +303,9 @@ class BatchedEnv(EnvBatch):
         for i, env in enumerate(self.envs):
             try:
                 o, _ = env.reset(seed=self.seed + i)
-                self._set_obs(i, o)
             except Exception as e:  # noqa: BLE001  (whatever the env raises: name the env and the call)
                 raise self._raised(i, "reset", e, self.steps) from e
+            self._put(self._set_obs, i, o, "reset", self.steps)
             env.action_space.seed(self.seed + i)
         return self._checked_reset()
 
@@ -301,10 +320,13 @@ class BatchedEnv(EnvBatch):
         for i, env in enumerate(self.envs):
             try:
                 o, r, term, trunc, _ = env.step(actions[i])
-                set_next(i, o)
-                self._reward[i] = r
             except Exception as e:  # noqa: BLE001
                 raise self._raised(i, "step", e, self.steps + 1) from e
+            self._put(set_next, i, o, "step", self.steps + 1)
+            try:
+                self._reward[i] = r
+            except (TypeError, ValueError):
+                raise self._returned(i, "step", self.steps + 1, f"a reward of {r!r}, not a number") from None
             self._terminated[i] = term
             self._truncated[i] = trunc
             if term or trunc:
@@ -313,8 +335,15 @@ class BatchedEnv(EnvBatch):
                     o, _ = env.reset()
                 except Exception as e:  # noqa: BLE001
                     raise self._raised(i, "reset", e, self.steps + 1) from e
-            set_obs(i, o)
+            self._put(set_obs, i, o, "reset", self.steps + 1)
         return self._checked_step(resets)
+
+    def _put(self, set_row, i: int, obs, method: str, step: int) -> None:
+        """Write env ``i``'s observation, or say how it does not fit the observation space."""
+        try:
+            set_row(i, obs)
+        except (TypeError, ValueError, KeyError, IndexError):
+            raise self._returned(i, method, step, _misfit(obs, self._obs)) from None
 
     def state_dict(self) -> list[bytes] | None:
         """Every env's full state (see ``env_state``), or None if one of them cannot be captured."""
