@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -12,6 +16,7 @@ from rltrain.algos.advantages import gae
 from rltrain.collectors import LocalCollector
 from rltrain.envs import BatchedEnv
 from rltrain.sync import SharedMemSync
+from tests.conftest import ROOT
 
 
 def collect_one_batch(env_id: str, num_envs: int, frames: int):
@@ -97,3 +102,19 @@ def test_saved_envs_continue_mid_episode_exactly(env_id):
             np.testing.assert_array_equal(e, g)
     env.close()
     restored.close()
+
+
+@pytest.mark.parametrize(("args", "noise"), [
+    (("env=halfcheetah", "collector=lockstep", "collector.workers=2", "collector.envs_per_worker=1",
+      "collector.frames_per_batch=1024", "trainer.total_frames=1024"), "settotalmass"),
+    (("trainer.total_frames=1024", "hooks.eval.video=true", "hooks.eval.episodes=1"), "XDG_RUNTIME_DIR"),
+])
+def test_upstream_noise_that_tells_a_user_nothing_is_not_printed(args, noise, tmp_path):
+    # MuJoCo's deprecation of an attribute gymnasium's models use (also logged to MUJOCO_LOG.TXT in
+    # the working dir), in the trainer and its workers; SDL looking for a display to render offscreen.
+    env = {k: v for k, v in os.environ.items() if k not in ("SDL_VIDEODRIVER", "XDG_RUNTIME_DIR", "DISPLAY")}
+    result = subprocess.run([sys.executable, "-m", "rltrain", *args, "hooks.progress.bar=false"], cwd=tmp_path,
+                            env={**env, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert noise not in result.stdout + result.stderr
+    assert not (tmp_path / "MUJOCO_LOG.TXT").exists()

@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import math
+import os
+import sys
 from dataclasses import dataclass
 
 import gymnasium as gym
@@ -94,7 +96,7 @@ def resolve_env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 def make_gym_env(env_id: str, kwargs: dict | None = None, wrappers: list[dict] | None = None) -> gym.Env:
     """Create one gymnasium env with ``wrappers`` applied in order, turning a missing optional
     dependency or a wrapper that does not fit into a ConfigError."""
-    resolve_env_spec(env_id)
+    _quiet_upstream_noise(resolve_env_spec(env_id), (kwargs or {}).get("render_mode"))
     try:
         # The passive checker costs ~30% of a CartPole step and only warns; users can wrap their own.
         env = gym.make(env_id, disable_env_checker=True, **(kwargs or {}))
@@ -112,6 +114,25 @@ def make_gym_env(env_id: str, kwargs: dict | None = None, wrappers: list[dict] |
             raise ConfigError(f"env.wrappers[{i}] ({item['wrapper']}) failed on {env_id}: {type(e).__name__}: {e}"
                               ) from None
     return env
+
+
+def _quiet_upstream_noise(spec: gym.envs.registration.EnvSpec, render_mode: str | None) -> None:
+    """Silence what the libraries under an env print that tells a user nothing, and only that:
+    pygame rendering frames offscreen (eval videos) looks for a display (SDL prints "XDG_RUNTIME_DIR is
+    invalid" on a server), and gymnasium's MuJoCo models use an attribute MuJoCo deprecates (one
+    "settotalmass is deprecated" line per env, also appended to MUJOCO_LOG.TXT in the working dir)."""
+    if render_mode == "rgb_array":
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # a user's own choice stays
+    if str(spec.entry_point).startswith("gymnasium.envs.mujoco"):
+        import mujoco
+
+        if mujoco.get_mju_user_warning() is None:  # MuJoCo's default: print, and log to MUJOCO_LOG.TXT
+            mujoco.set_mju_user_warning(_mujoco_warning)
+
+
+def _mujoco_warning(message: str) -> None:
+    if "'settotalmass' is deprecated" not in message:
+        print(f"WARNING: {message}", file=sys.stderr)
 
 
 def resolve_wrapper(item: dict, i: int) -> tuple[type, dict]:
