@@ -245,10 +245,11 @@ def test_a_signal_during_the_final_evaluation_ends_it_and_resume_evaluates(tmp_p
     assert [r["frames"] for r in rows].count(4096) == 1
 
 
-def test_a_torn_last_metrics_line_does_not_stop_a_resume(tmp_path):
+def test_torn_or_damaged_metrics_lines_do_not_stop_a_resume(tmp_path):
     build(make_config(*PPO_RUN, *signal_at(5000)), run_dir=tmp_path).fit()
-    with (tmp_path / "metrics.jsonl").open("a") as f:
-        f.write('{"frames": 99999, "upda')  # a crash mid-write, after the checkpoint
+    with (tmp_path / "metrics.jsonl").open("ab") as f:
+        f.write(b'\xff\xfe damaged bytes\n[1, 2]\n')  # lines that are no rows
+        f.write(b'{"frames": 99999, "upda')  # a crash mid-write, after the checkpoint
     build(make_config(*PPO_RUN, f"resume={tmp_path}")).fit()
     frames = [row["frames"] for row in read_jsonl(tmp_path / "metrics.jsonl")]
     assert frames == [2048, 4096, 6144, 8192, 10240, 12288]  # one final row

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
 
 from rltrain.loggers.base import Logger
+
+log = logging.getLogger("rltrain")
 
 
 def _replace_text(path: Path, text: str) -> None:
@@ -51,15 +54,21 @@ class JsonlLogger(Logger):
 
 
 def _rows_up_to(path: Path, frames: int) -> list[str]:
-    """The lines of a metrics.jsonl up to ``frames``; a line torn by a crash mid-write is dropped."""
-    kept = []
-    for line in path.read_text().splitlines(keepends=True):
+    """The lines of a metrics.jsonl up to ``frames``; a line that is no row (torn by a crash
+    mid-write, damaged bytes) is dropped, with a warning."""
+    kept, dropped = [], 0
+    for line in path.read_text(errors="replace").splitlines(keepends=True):
         try:
             row = json.loads(line)
         except ValueError:
+            row = None
+        if not isinstance(row, dict) or not isinstance(row.get("frames", 0), (int, float)):
+            dropped += bool(line.strip())
             continue
         if row.get("frames", 0) <= frames:
             kept.append(line if line.endswith("\n") else line + "\n")
+    if dropped:
+        log.warning("resume: %d line(s) of %s that are no JSON row (cut short by a crash?) were dropped", dropped, path)
     return kept
 
 
