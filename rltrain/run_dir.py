@@ -15,6 +15,7 @@ import itertools
 import json
 import os
 import socket
+import time
 from datetime import datetime
 from pathlib import Path
 
@@ -81,11 +82,18 @@ class RunDirLock:
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         path = run_dir / LOCK_FILE
+        # A listener (rltrain.sync.listen) probes a dir's lock with a shared flock of microseconds:
+        # a lock held that briefly is waited for; a live run holds its lock for its whole life.
+        patience = time.monotonic() + 0.1
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
+                if time.monotonic() < patience:
+                    os.close(fd)
+                    time.sleep(0.01)
+                    continue
                 owner = _describe_owner(fd)
                 os.close(fd)
                 raise RunDirError(

@@ -206,6 +206,17 @@ def test_a_rank_that_raises_shows_its_traceback_in_the_learner(tmp_path):
     assert shm_entries() <= before
 
 
+def test_a_rank_that_fails_while_starting_is_named_at_once(tmp_path):
+    result = torchrun("collector=distributed", "sync=distributed", "env.id=tests.toy_envs:Faulty-v0",
+                      "+env.kwargs.fault=raise_on_reset", "+env.kwargs.rank=2", "collector.timeout_s=300",
+                      cwd=tmp_path, timeout=240)
+    assert result.returncode != 0
+    status = summary_of(tmp_path)["status"]
+    # Seen while the learner waits for the ranks to join (not after collector.timeout_s: the test's timeout).
+    assert status.startswith("failed: CollectorError: collector rank 2 failed while starting: EnvError: env "
+                             "tests.toy_envs:Faulty-v0 (env 0 of 8) raised in reset()"), status
+
+
 def test_a_killed_rank_fails_the_learner_naming_it(tmp_path):
     job = torchrun("collector=distributed", "sync=distributed", "trainer.total_frames=10000000",
                    "trainer.stop_at_return=null", cwd=tmp_path, popen=True)

@@ -117,8 +117,9 @@ class DistributedCollector(Collector):
         self._lost: set[int] = set()  # ranks that died or stopped answering
         self._who = {r: f"rank {r}" for r in self._ranks}
         try:
-            self._group = rd.gloo_group(world.store, "collect", 0, world.size, timeout_s,
-                                        watch=functools.partial(rd.raise_failures, world.store, self._ranks))
+            # The watch has a store connection of its own: the join's waits hold the job's for up to timeout_s.
+            watch = functools.partial(rd.raise_failures, world.address.connect(timeout_s), self._ranks)
+            self._group = rd.gloo_group(world.store, "collect", 0, world.size, timeout_s, watch=watch)
         except TimeoutError as e:
             raise CollectorError(f"collector=distributed: the collector ranks did not all join within {timeout_s:g}s "
                                  f"(collector.timeout_s): {e}") from None

@@ -17,13 +17,21 @@ makes and pickles into them (they carry the initial weights; the group forms at 
 once every worker exists). Under torchrun (``collector=distributed``), every other rank of the
 job (they get the initial weights by the first broadcast, when the learner's sender is made).
 In both, ``sync.listeners`` more processes of the user's own, which join through ``sync.json``.
+
+A listener watches its run's dir while it waits (for ``sync.json``, the store, the group, a push):
+a run that is over (``run.lock`` free, its status in ``summary.json``) is said at once, in one
+line, rather than after torch's retries. A listener whose module does not fit the policy tells the
+learner why through the store before it leaves, and the learner fails at once, naming it.
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
+import os
 import pickle
+import socket
 import threading
 import time
 from pathlib import Path
@@ -34,6 +42,7 @@ from torch import nn
 
 from rltrain import distributed as rd
 from rltrain.errors import SyncError
+from rltrain.run_dir import LOCK_FILE
 from rltrain.sync.base import (
     FlatWeights,
     WeightReceiver,
@@ -46,6 +55,10 @@ from rltrain.sync.base import (
 )
 
 CONTACT_FILE = "sync.json"
+SUMMARY_FILE = "summary.json"  # written by the trainer when a run ends (rltrain.trainer.write_summary)
+_REJECTED, _REJECTIONS = "listener_rejected", "listener_rejections"  # store keys: why listener i left; how many did
+_WATCH_S = 1.0  # a listener looks at its run's dir this often while it waits
+_GRACE_S = 5.0  # once the dir says the run is over, its learner's last message may still be on the way
 _VERSION, _ACK, _CLOSE, _FAILED = 1, 2, 3, 4
 _SETS = 3  # receiver buffer sets: acting, newest received, being received
 _IDLE_S = 7 * 24 * 3600.0  # a receiver waits this long for the next push (the learner's death ends it at once)
@@ -81,7 +94,8 @@ class _DistributedSender(WeightSender):
         scheme.store.set("listeners_at", str(1 + receivers))
         scheme.store.set("size", str(size))
         try:
-            watch = functools.partial(rd.raise_failures, scheme.store, range(1, size))
+            # Its own connection: the join's waits hold the store's for up to sync.timeout_s each.
+            watch = functools.partial(self._raise_failures, scheme.address.connect(scheme.timeout_s), size)
             self._group = rd.gloo_group(scheme.store, "weights", 0, size, scheme.timeout_s, scheme.loopback, watch)
         except TimeoutError as e:
             who = f"{receivers} collector receiver(s)" + (
@@ -90,6 +104,26 @@ class _DistributedSender(WeightSender):
             raise SyncError(f"sync=distributed: the weights group of the learner, {who} did not form: {e} "
                             "(sync.timeout_s)") from None
         self._peers = list(range(1, size))
+
+    def _raise_failures(self, store: dist.Store, size: int) -> None:
+        """While the group forms: a collector rank that failed to start, or a listener that left."""
+        rd.raise_failures(store, range(1, size))
+        self._raise_rejected(store)
+
+    def _raise_rejected(self, store: dist.Store) -> None:
+        """A listener whose module does not fit the policy leaves, saying why in the store (its
+        ``connect``): fail now, naming it, rather than wait ``sync.timeout_s`` for it to join."""
+        scheme = self._scheme
+        if not scheme.listeners or not store.add(_REJECTIONS, 0):
+            return
+        for index in range(scheme.listeners):
+            key = f"{_REJECTED}/{index}"
+            if store.check([key]):
+                host, pid, why = pickle.loads(store.get(key))
+                raise SyncError(f"sync=distributed: listener {index} (pid {pid} on {host}, a process of your own "
+                                f"calling rltrain.sync.listen; sync.listeners={scheme.listeners}) was rejected and "
+                                f"left: {why}. Give it a module built as the run's algo.network (same parameter "
+                                "names and shapes)")
 
     def start(self) -> None:
         if self._scheme._world is not None:  # collector ranks built their own policy copies: the initial weights
@@ -185,13 +219,17 @@ class DistributedReceiver(WeightReceiver):
     ``connect(module)`` checks the module against the learner's snapshot (names, shapes, dtypes)
     and starts receiving in the background; ``poll()`` makes the newest received version the
     module's weights (``version``); ``wait_for(version)`` waits until at least that one arrived;
-    ``ended`` turns true once the run has finished.
+    ``ended`` turns true once the run has finished. A listener (``listen``) also watches its run's
+    dir: a run that is over without a word to it (its learner died, or lives on after a failed
+    push) ends it too, ``ended`` for a completed run and ``poll``'s SyncError (with the run's
+    status) for any other end; a module that does not fit tells the learner, which fails naming it.
     """
 
     def __init__(self, address: rd.StoreAddress, rank: int | None, bucket_bytes: int, timeout_s: float,
                  loopback: bool = False, listener: int | None = None,
-                 initial: FlatWeights | None = None, version: int = -1):
+                 initial: FlatWeights | None = None, version: int = -1, run_dir: Path | None = None):
         self._address, self._rank, self._listener = address, rank, listener
+        self._run_dir = run_dir  # a listener's: whether its run is over bounds every wait
         self._bucket_bytes, self._timeout_s, self._loopback = bucket_bytes, timeout_s, loopback
         self._initial, self.version = initial, version
         self._policy: nn.Module | None = None
@@ -199,16 +237,17 @@ class DistributedReceiver(WeightReceiver):
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        for key in ("_lock", "_thread", "_sets", "_group"):
+        for key in ("_lock", "_thread", "_watch", "_sets", "_group"):
             state.pop(key, None)
         return state
 
     def connect(self, policy: nn.Module) -> None:
-        store = self._address.connect(self._timeout_s)
+        self._raise_if_over()
+        store = self._connect_store()
         layout = (self._initial.layout if self._initial is not None else
                   pickle.loads(rd.wait_for_key(store, "layout", self._timeout_s)))
         self._sets = [FlatWeights(layout, shared=False) for _ in range(_SETS)]
-        self._sets[0].check_matches(policy)
+        self._check_matches(policy, store)
         self._policy = policy
         self._lock = threading.Condition()
         self._bound, self._ready, self._ready_version = None, None, None
@@ -221,6 +260,41 @@ class DistributedReceiver(WeightReceiver):
             bind_weights(policy, self._sets[0].views)
         self._thread = threading.Thread(target=self._receive, args=(store,), name="rltrain-weights", daemon=True)
         self._thread.start()
+        if self._run_dir is not None:
+            self._watch = threading.Thread(target=self._watch_run, name="rltrain-watch-run", daemon=True)
+            self._watch.start()
+
+    def _connect_store(self) -> dist.Store:
+        """The learner's store once its port answers: a plain connection is tried first, because
+        torch's store retries a closed port until its timeout, logging a C++ stack at each try;
+        meanwhile a listener sees its run end."""
+        host, port = self._address.host, self._address.port
+        deadline = time.monotonic() + self._timeout_s
+        while not _answers(host, port):
+            self._raise_if_over()
+            if time.monotonic() > deadline:
+                raise ConnectionError(f"cannot reach rltrain's store at {host}:{port} within {self._timeout_s:g}s: "
+                                      "is the learner's machine reachable from this one (a firewall)?")
+            time.sleep(0.2)
+        return self._address.connect(self._timeout_s)  # the store's own waits (the group's join) take its timeout
+
+    def _check_matches(self, policy: nn.Module, store: dist.Store) -> None:
+        """The module's layout against the learner's; a listener that does not fit tells the
+        learner why before it leaves (the learner then fails at once, naming it)."""
+        if self._listener is None:
+            self._sets[0].check_matches(policy)
+            return
+        try:
+            self._sets[0].check_matches(policy)
+        except SyncError as e:
+            try:
+                store.set(f"{_REJECTED}/{self._listener}", pickle.dumps((socket.gethostname(), os.getpid(), str(e))))
+                store.add(_REJECTIONS, 1)
+            except (RuntimeError, dist.DistError):
+                pass  # the learner is gone already: nobody to tell
+            raise SyncError(f"sync=distributed: listener {self._listener}'s module does not fit the run at "
+                            f"{self._run_dir}: {e}. Build it as the run's algo.network (same parameter names and "
+                            "shapes); the run fails too, naming this listener") from None
 
     def poll(self) -> bool:
         with self._lock:
@@ -255,18 +329,19 @@ class DistributedReceiver(WeightReceiver):
 
     def _receive(self, store) -> None:
         try:
-            size = int(rd.wait_for_key(store, "size", _IDLE_S, self._stopping))
+            size = int(rd.wait_for_key(store, "size", _IDLE_S, self._stop_waiting))
             rank = self._rank
             if rank is None:
-                rank = int(rd.wait_for_key(store, "listeners_at", self._timeout_s)) + self._listener
-            group = rd.gloo_group(store, "weights", rank, size, self._timeout_s, self._loopback)
+                rank = int(rd.wait_for_key(store, "listeners_at", self._timeout_s, self._stop_waiting)) + self._listener
+            group = rd.gloo_group(store, "weights", rank, size, self._timeout_s, self._loopback,
+                                  self._raise_if_stopping)
+            # Kept, however this thread ends: destroying a group here could race the interpreter's
+            # exit (once ``ended`` or the error is seen), which aborts the process; it goes with the receiver.
+            self._group = group
             buckets = [s.buckets(self._bucket_bytes) for s in self._sets]
             while True:
                 kind, _, version = rd.recv_header(group, 0, _IDLE_S)
                 if kind == _CLOSE:
-                    # Kept: destroying a group here could race the interpreter's exit (once
-                    # ``ended`` is seen), which aborts the process; it goes with the receiver.
-                    self._group = group
                     with self._lock:
                         self.ended = True
                         self._lock.notify_all()
@@ -290,9 +365,15 @@ class DistributedReceiver(WeightReceiver):
                     self._lock.notify_all()
                 rd.send_frame(group, 0, _ACK, arg=version)
         except BaseException as e:  # noqa: BLE001  (the collector's next poll raises it)
-            if self._closing:
+            if self._stopping():  # closed, or the watch on the run said why already
                 return
-            gone = isinstance(e, RuntimeError) and rd.is_peer_gone(e) and "receiving weights version" not in str(e)
+            # A store whose process died fails with DistNetworkError ("Failed to recv"), a group with "closed by peer".
+            gone = (isinstance(e, dist.DistNetworkError) or isinstance(e, RuntimeError) and rd.is_peer_gone(e)) and (
+                "receiving weights version" not in str(e))
+            over = self._run_over_soon() if gone else None
+            if over is not None:  # a listener's learner died with its run: say how the run ended
+                self._end(*over)
+                return
             with self._lock:
                 self._error = ("sync=distributed: the learner is gone" if gone else
                                f"sync=distributed: receiving weights failed: {type(e).__name__}: "
@@ -300,7 +381,83 @@ class DistributedReceiver(WeightReceiver):
                 self._lock.notify_all()
 
     def _stopping(self) -> bool:
-        return self._closing
+        return self._closing or self.ended or self._error is not None
+
+    def _stop_waiting(self) -> bool:
+        """Looked at before each look at the store: closing, or a listener's run is over. A learner
+        that ends frees its dir's lock before its process (and so its store) goes, so the run's end
+        is seen here rather than as a dead socket, which torch logs with a C++ stack."""
+        if self._stopping():
+            return True
+        over = self._run_over()
+        if over is not None:
+            self._end(*over)
+        return over is not None
+
+    def _raise_if_stopping(self) -> None:
+        """The weights group's join gives up (closing, or a listener's run is over)."""
+        if self._stop_waiting():
+            raise RuntimeError("stopped while joining the weights group")
+
+    def _run_over(self) -> tuple[str, str] | None:
+        """A listener's run that is over: its status and what to tell the user; None while it lives
+        (or before it started, or for a collector's receiver, whose learner's death ends its waits)."""
+        if self._run_dir is None:
+            return None
+        status = _ended_status(self._run_dir)
+        if status is not None:
+            return status, _ended_message(self._run_dir, status, listening=self._policy is not None)
+        contact = _read_json(self._run_dir / CONTACT_FILE)
+        a = self._address
+        if contact is not None and (contact["host"], contact["port"], contact["prefix"]) != (a.host, a.port, a.prefix):
+            return "restarted", (f"sync=distributed: the run at {self._run_dir} restarted (its {CONTACT_FILE} names "
+                                 "another store now, as after a torchrun restart): call listen() again to receive "
+                                 "from it")
+        return None
+
+    def _raise_if_over(self) -> None:
+        over = self._run_over()
+        if over is not None:
+            raise SyncError(over[1])
+
+    def _watch_run(self) -> None:
+        """A listener's look at its run's dir while it receives. A run that is over without a word to
+        this listener (a learner that ended before its first push, or failed mid-broadcast, in a
+        process that lives on, as in a notebook; a store that outlives the learner, as torchrun's
+        does) would otherwise leave it waiting days for the next push. A completed run ends the
+        listener (``ended``: nothing more will come); any other end is its next ``poll``'s error."""
+        while True:
+            self._thread.join(_WATCH_S)
+            if not self._thread.is_alive() or self._closing:
+                return
+            over = self._run_over()
+            if over is None:
+                continue
+            self._thread.join(_GRACE_S)  # a learner closing as it should: its last message is on the way
+            if self._thread.is_alive():
+                self._end(*over)
+            return
+
+    def _run_over_soon(self) -> tuple[str, str] | None:
+        """After the learner's connection closed: a listener's run, once its dir says it is over
+        (the learner's process frees the lock as it exits, a moment after its sockets close)."""
+        deadline = time.monotonic() + _GRACE_S
+        while self._run_dir is not None:
+            over = self._run_over()
+            if over is not None or time.monotonic() > deadline:
+                return over
+            time.sleep(0.1)
+        return None
+
+    def _end(self, status: str, why: str) -> None:
+        """The run is over: a completed one ends this receiver (nothing more will come); any other
+        end is the next ``poll``'s error, ``why``."""
+        with self._lock:
+            if status == "completed":
+                self.ended = True
+            elif self._error is None:
+                self._error = why
+            self._lock.notify_all()
 
     def wait_ended(self, timeout_s: float) -> None:
         """Wait (up to ``timeout_s``) for the learner's last message, which ends the receiving thread."""
@@ -369,18 +526,95 @@ def listen(run_dir: str | Path, index: int = 0, timeout_s: float = 60.0) -> Dist
     to ``timeout_s`` for it); ``index`` is this process's number among the run's
     ``sync.listeners``. Then ``receiver.connect(module)`` (a module with the policy's layout) and
     ``receiver.poll()`` / ``receiver.wait_for(version)``; ``receiver.version`` is the version held.
+
+    A run that is over (or ends while this waits) raises SyncError saying so and with what status;
+    a finished run's ``sync.json`` stays in its dir, but there is nothing to listen to.
     """
-    path = Path(run_dir) / CONTACT_FILE
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise SyncError(f"{path} did not appear within {timeout_s:g}s: is a sync=distributed run with "
-                            "sync.listeners >= 1 running in that dir?")
-        time.sleep(0.1)
-    contact = json.loads(path.read_text())
+    run_dir = Path(run_dir)
+    contact = _wait_for_contact(run_dir, timeout_s)
     if not 0 <= index < contact["listeners"]:
         raise SyncError(f"listener index {index} is out of range: the run at {run_dir} has sync.listeners="
                         f"{contact['listeners']}")
     address = rd.StoreAddress(contact["host"], contact["port"], contact["prefix"])
     return DistributedReceiver(address, None, contact["bucket_bytes"], timeout_s, loopback=contact["loopback"],
-                               listener=index)
+                               listener=index, run_dir=run_dir)
+
+
+def _wait_for_contact(run_dir: Path, timeout_s: float) -> dict:
+    """The live run's ``sync.json``, once it is written (up to ``timeout_s``); a run that is over,
+    or ends meanwhile (failing to start, say), is said at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = _ended_status(run_dir)
+        if status is not None:
+            raise SyncError(_ended_message(run_dir, status))
+        contact = _read_json(run_dir / CONTACT_FILE)
+        if contact is not None:
+            return contact
+        if time.monotonic() > deadline:
+            raise SyncError(f"{run_dir / CONTACT_FILE} did not appear within {timeout_s:g}s: is a sync=distributed "
+                            "run with sync.listeners >= 1 running in that dir?")
+        time.sleep(0.1)
+
+
+def _ended_status(run_dir: Path) -> str | None:
+    """The status the run in ``run_dir`` ended with, or None while it lives or before it started.
+    It is over once its lock is free (the kernel frees a killed run's) and it left a summary.json
+    or a sync.json; a sync.json newer than its summary.json is a session that wrote none (killed)."""
+    summary, contact = run_dir / SUMMARY_FILE, run_dir / CONTACT_FILE
+    if not (summary.exists() or contact.exists()) or _lock_held(run_dir):
+        return None
+    unknown = f"unknown: its process is gone without writing {SUMMARY_FILE} (killed?)"
+    try:
+        if contact.exists() and (not summary.exists() or contact.stat().st_mtime_ns > summary.stat().st_mtime_ns):
+            return unknown
+    except FileNotFoundError:  # a run starting in that dir now: look again
+        return None
+    status = (_read_json(summary) or {}).get("status")
+    return unknown if status is None else status
+
+
+def _ended_message(run_dir: Path, status: str, listening: bool = False) -> str:
+    """What a listener says at a run that is over: before it listened, or while it did."""
+    ended = f"sync=distributed: the run at {run_dir} has ended with status {status!r}"
+    if listening:
+        return f"{ended}: no more weights will come"
+    no_contact = "" if (run_dir / CONTACT_FILE).exists() else (
+        f" (it wrote no {CONTACT_FILE}: it ended before its weights sync started, or it was not started with "
+        "sync=distributed sync.listeners>=1)")
+    return (f"{ended}{no_contact}, so there is nothing to listen to: start the run first (listen() waits for it), "
+            "or point listen() at a live run's dir")
+
+
+def _lock_held(run_dir: Path) -> bool:
+    """Whether a live process holds the run dir's lock (RunDirLock: an flock the kernel drops when
+    its holder dies). Probed with a shared lock, dropped at once; a live run's is never free, so
+    the probe only meets a run starting in a dir whose run is over, for a few microseconds."""
+    try:
+        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
+    except FileNotFoundError:  # released (RunDirLock.release removes it), or never taken
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError:  # held (or a file system that cannot tell: then the waits' timeouts still end them)
+        return True
+    finally:
+        os.close(fd)
+    return False
+
+
+def _read_json(path: Path) -> dict | None:
+    """The file's JSON, or None while it is missing or half written (sync.json is written in place)."""
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _answers(host: str, port: int) -> bool:
+    """Whether something listens at ``host:port`` (one plain TCP connection, closed at once)."""
+    try:
+        socket.create_connection((host, port), timeout=1.0).close()
+    except OSError:
+        return False
+    return True
