@@ -23,11 +23,31 @@ def make_config(*overrides: str):
         return compose(config_name="config", overrides=list(overrides))
 
 
+# Learning checks assert a return reached within a number of frames (seeded), never within seconds, so their
+# time limits only catch a hang: many times what they take on the project's 2-core box with other jobs on it.
+# The slowest learning tests take 1.5-2.5 min there at load 3-7 (+recipe=sac_pendulum: solved at 4.8k frames,
+# about 55 frames/s; the whole 20k-frame budget at that speed would be about 7 min).
+LEARNING_RUN_TIMEOUT_S = 1200  # one learning run in a subprocess: run_cli(..., timeout=LEARNING_RUN_TIMEOUT_S)
+# pytest-timeout for a whole learning test (pyproject's `timeout`, 600 s, is for the rest of the suite); room for
+# two runs (a test may resume one), so a run's own timeout fires first and names its command.
+learning_check = pytest.mark.timeout(2 * LEARNING_RUN_TIMEOUT_S + 300)
+# Learning runs take one torch thread, the default (threads=1): on a shared, busy 2-core box two threads wait on
+# each other (+recipe=sac_pendulum at load 3-6: 51-53 frames/s with threads=1, 6-8 with threads=2, 2026-12-03).
+# A recipe that sets threads=2 is run with this override.
+ONE_THREAD = "threads=1"
+
+
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run ``python -m rltrain ARGS`` in ``cwd`` (where its outputs/ dir lands)."""
+    """Run ``python -m rltrain ARGS`` in ``cwd`` (where its outputs/ dir lands). A run still going after
+    ``timeout`` seconds is killed and the test fails naming the command, with the end of what it printed."""
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "rltrain", *args], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=timeout)
+    try:
+        return subprocess.run([sys.executable, "-m", "rltrain", *args], cwd=cwd, env=full_env,
+                              capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        out, err = (x.decode(errors="replace") if isinstance(x, bytes) else (x or "") for x in (e.stdout, e.stderr))
+        pytest.fail(f"`python -m rltrain {' '.join(args)}` still running after {timeout:g} s (a hang?), killed. "
+                    f"The end of its stdout:\n{out[-2000:]}\nThe end of its stderr:\n{err[-2000:]}", pytrace=False)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import tests.toy_envs  # noqa: F401  (registers the toy envs)
 from rltrain import build
 from rltrain.envs import make_envs
 from rltrain.errors import ConfigError
-from tests.conftest import make_config
+from tests.conftest import learning_check, make_config
 
 ATARI_VECTOR = {"frameskip": 4, "repeat_action_probability": 0.0, "noop_max": 30, "stack_num": 4,
                 "reward_clipping": False}
@@ -50,6 +50,7 @@ def test_both_backends_give_the_same_batch_keys_and_dtypes(tmp_path):
         assert gym_batch[key].dtype == vec_batch[key].dtype and gym_batch[key].shape == vec_batch[key].shape, key
 
 
+@learning_check
 def test_ppo_solves_cartpole_on_the_vector_backend(tmp_path):
     summary = build(make_config("env.backend=vector"), run_dir=tmp_path).fit()
     assert summary["solved"] is True and summary["train_return"] >= 475
@@ -179,6 +180,7 @@ def test_envpool_resets_ended_envs_in_the_same_step_and_keeps_their_final_observ
     env.close()
 
 
+@learning_check
 def test_ppo_solves_cartpole_on_envpool(tmp_path):
     summary = build(make_config("env.backend=envpool"), run_dir=tmp_path).fit()
     assert summary["solved"] is True and summary["train_return"] >= 475

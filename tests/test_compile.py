@@ -13,7 +13,7 @@ from benchmarks.losses import box_spec, sac_frames
 from rltrain import build
 from rltrain.algos import PPO, SAC, ActorCritic, SquashedGaussianActor, optimizers
 from rltrain.errors import ConfigError
-from tests.conftest import make_config, run_cli
+from tests.conftest import LEARNING_RUN_TIMEOUT_S, learning_check, make_config, run_cli
 
 
 def ppo_batch(seed: int, steps: int = 32, envs: int = 16) -> TensorDict:
@@ -126,14 +126,17 @@ def test_compile_settings_that_cannot_work_are_refused_naming_the_key(override, 
 
 
 @pytest.mark.slow
+@learning_check
 def test_a_compiled_run_on_dict_observations_learns_logs_its_compile_once_and_resumes_eagerly(tmp_path):
     run = ["env.id=tests.toy_envs:GoalCorridor-v0", "env.num_envs=8", "collector.frames_per_batch=256",
            "algo.lr=1e-3", "algo.minibatch_size=64", "algo.gamma=0.95", "trainer.stop_at_return=null"]
-    first = run_cli(*run, "algo.compile=true", "trainer.total_frames=12288", "hydra.run.dir=run", cwd=tmp_path)
+    first = run_cli(*run, "algo.compile=true", "trainer.total_frames=12288", "hydra.run.dir=run", cwd=tmp_path,
+                    timeout=LEARNING_RUN_TIMEOUT_S)
     assert first.returncode == 0, first.stderr
     log = (tmp_path / "run" / "cli.log").read_text()
     assert log.count("algo.compile: PPO's minibatch step compiled in") == 1
-    resumed = run_cli(*run, "algo.compile=false", "trainer.total_frames=20480", "resume=run", cwd=tmp_path)
+    resumed = run_cli(*run, "algo.compile=false", "trainer.total_frames=20480", "resume=run", cwd=tmp_path,
+                      timeout=LEARNING_RUN_TIMEOUT_S)
     assert resumed.returncode == 0, resumed.stderr
     assert "changed: algo.compile: True -> False" in (tmp_path / "run" / "cli.log").read_text()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())

@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 
 from rltrain import build
-from tests.conftest import make_config, run_cli
+from tests.conftest import LEARNING_RUN_TIMEOUT_S, ONE_THREAD, learning_check, make_config, run_cli
+
+# They assert returns within frames, never within seconds: the time limits only catch a hang (tests/conftest.py).
+# The runs in this process take the config's threads=1.
+pytestmark = learning_check
 
 
 def train(tmp_path, *overrides):
@@ -29,7 +33,8 @@ def test_without_weight_pushes_the_collector_never_improves(tmp_path):
 
 
 def test_the_pendulum_recipe_learns_continuous_control(tmp_path):
-    result = run_cli("+recipe=ppo_pendulum", "hydra.run.dir=run", cwd=tmp_path)
+    result = run_cli("+recipe=ppo_pendulum", ONE_THREAD, "hydra.run.dir=run", cwd=tmp_path,
+                     timeout=LEARNING_RUN_TIMEOUT_S)
     assert result.returncode == 0, result.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["frames"] >= 100_000

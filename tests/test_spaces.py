@@ -20,7 +20,7 @@ from rltrain.envs import BatchedEnv
 from rltrain.envs.spaces import action_spec, observation_spec
 from rltrain.errors import ConfigError
 from rltrain.sync import SharedMemSync
-from tests.conftest import make_config
+from tests.conftest import learning_check, make_config
 
 CATCH, CORRIDOR, DIGITS = "tests.toy_envs:Catch-v0", "tests.toy_envs:GoalCorridor-v0", "tests.toy_envs:MatchDigits-v0"
 SMALL_CNN = ["algo.network.cnn.channels=[16]", "algo.network.cnn.kernels=[3]", "algo.network.cnn.strides=[1]",
@@ -164,6 +164,7 @@ def test_multi_binary_log_probs_and_entropy_match_torch_distributions():
 
 # Learning checks: seeded, each against what a random policy scores.
 
+@learning_check
 def test_ppo_learns_catch_from_pixels(tmp_path):
     summary = build(make_config(f"env.id={CATCH}", "env.num_envs=8", "collector.frames_per_batch=256",
                                 "algo.lr=1e-3", "algo.minibatch_size=64", "algo.epochs=4", "algo.gamma=0.9",
@@ -172,6 +173,7 @@ def test_ppo_learns_catch_from_pixels(tmp_path):
     assert summary["eval_return"] >= 0.6  # random: about -0.6; tracking the ball: 1
 
 
+@learning_check
 def test_ppo_learns_a_dict_observation_env(tmp_path):
     summary = build(make_config(f"env.id={CORRIDOR}", "env.num_envs=8", "collector.frames_per_batch=256",
                                 "algo.lr=1e-3", "algo.minibatch_size=64", "algo.gamma=0.95",
@@ -179,6 +181,7 @@ def test_ppo_learns_a_dict_observation_env(tmp_path):
     assert summary["eval_return"] >= 0.6  # random: about 0.1; straight to the goal: about 0.9
 
 
+@learning_check
 @pytest.mark.parametrize("binary", [False, True])
 def test_ppo_learns_multi_discrete_and_multi_binary_actions(binary, tmp_path):
     summary = build(make_config(f"env.id={DIGITS}", f"+env.kwargs.binary={binary}", "env.num_envs=8",
