@@ -12,14 +12,14 @@ import functools
 import json
 import logging
 import signal
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tensordict import TensorDict
 
 from rltrain import stop_signals
-from rltrain.errors import CollectorError
+from rltrain.errors import CollectorError, SyncError
 from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
 from rltrain.loggers.files import json_safe
@@ -117,15 +117,24 @@ class Trainer:
         self.state.stop_signal = signum
 
     def _loop(self) -> None:
+        """Collect and update until done or asked to stop. Once a stop is asked for, a collector or a
+        weight push that fails (a scheduler signals a job's every process, and one may end first)
+        ends the loop as the stop would: the run is checkpointed as it stands."""
+        try:
+            self._steps()
+        except (CollectorError, SyncError) as e:
+            if self.state.stop_signal is None:
+                raise
+            log.warning("stopping as asked; what failed after the stop request is left out: %s", e)
+
+    def _steps(self) -> None:
         state, timer = self.state, self.state.timer
         if state.mid_update_frames and not self._update(None):  # resumed mid-update: finish it first
             return
         batches = iter(self.collector)
         while state.frames < state.total_frames and not state.should_stop and state.stop_signal is None:
             with timer.phase("collect"):
-                batch = self._collect(batches)
-            if batch is None:
-                return
+                batch = next(batches)
             lag = state.version - batch["policy_version"]
             if self.max_lag is not None and int(lag.max()) > self.max_lag:
                 state.dropped_batches += 1
@@ -136,17 +145,6 @@ class Trainer:
             self._fire("batch", batch)
             if not self._update(batch):
                 return
-
-    def _collect(self, batches: Iterator[TensorDict]) -> TensorDict | None:
-        """The next batch; None if the collector failed after a stop request (a scheduler signals a
-        job's every process, and one may end first): the run stops as asked, its checkpoint written."""
-        try:
-            return next(batches)
-        except CollectorError as e:
-            if self.state.stop_signal is None:
-                raise
-            log.warning("the collector failed after the stop request; stopping without its batch (%s)", e)
-            return None
 
     def _update(self, batch: TensorDict | None) -> bool:
         """Update on ``batch`` (None: finish the interrupted update), then fire the update hooks.
