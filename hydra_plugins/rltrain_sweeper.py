@@ -208,7 +208,7 @@ def _check_every_job(hydra_context: HydraContext, config: DictConfig, jobs: list
         HydraConfig.instance().cfg = master
     from rltrain.cli import check_writable
 
-    check_writable(config, "hydra.sweep.dir")  # made only now: a refused sweep leaves no dir behind
+    check_writable(config, "hydra.sweep.dir")  # the basic sweeper makes it only now: a refused sweep leaves none
 
 
 def _report_failed(failed: list[tuple[int, JobReturn]], everyone: list[JobReturn], heading: str | None = None) -> None:

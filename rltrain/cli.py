@@ -269,7 +269,8 @@ def check_writable(config: DictConfig, key: str) -> None:
 
 
 def _unwritable(key: str, what: str) -> None:
-    print(f"rltrain: cannot write the run dir ({what}); set another with {key}=PATH, or run from a dir you can "
+    which = "sweep" if key == "hydra.sweep.dir" else "run"
+    print(f"rltrain: cannot write the {which} dir ({what}); set another with {key}=PATH, or run from a dir you can "
           "write", file=sys.stderr)
     sys.exit(EXIT_REFUSED)
 

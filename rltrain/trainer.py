@@ -2,7 +2,7 @@
 
 Events, in order: ``start``; per batch ``batch`` then (after the update) ``update`` for each hook
 whose schedule is due; then ``end`` once the run finished normally, or ``interrupt`` when SIGINT
-or SIGTERM asked it to stop (the step under way is finished first; a second signal stops at
+or SIGTERM asked it to stop (the step under way is finished first; a second Ctrl-C stops at
 once). Every hook is ``close``d in all cases, after ``summary.json`` is written (also on error).
 """
 
@@ -56,7 +56,7 @@ class Trainer:
         if self._already_finished() and self._saved_status() == "completed":
             return self._nothing_to_do()
         status = "failed: unknown"
-        with stop_signals.after_step(self._request_stop):  # until everything is closed: a second signal stops at once
+        with stop_signals.after_step(self._request_stop):  # until everything is closed: a second Ctrl-C stops at once
             try:
                 for hook in self.hooks.values():
                     hook.schedule.catch_up(self.state)  # a resumed run: no hook fires for the past
@@ -79,7 +79,8 @@ class Trainer:
         returns the run's status."""
         try:
             self._loop()
-            # A signal during the last step (but not mid-way through its update) still completes the run.
+            # A signal during the last step (but not mid-way through its update) still ends the run normally,
+            # unless it ends the final evaluation (StopRequested).
             if self.state.stop_signal is None or (self._already_finished() and not self.state.mid_update_frames):
                 self._fire("end")
                 return "completed"
@@ -113,7 +114,7 @@ class Trainer:
     def _request_stop(self, signum: signal.Signals) -> None:
         """SIGINT/SIGTERM: finish the current step, then stop (checkpoint, summary)."""
         if self.state.stop_signal is None:
-            log.warning("%s: stopping after the current step (again to stop at once)", signum.name)
+            log.warning("%s: stopping after the current step (Ctrl-C again to stop at once)", signum.name)
         self.state.stop_signal = signum
 
     def _loop(self) -> None:

@@ -58,10 +58,21 @@ def rank_pid(run_dir: Path, rank: int, timeout: float = 60) -> int:
 def wait_for_frames(run_dir: Path, frames: int, timeout: float = 120) -> None:
     metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if metrics.exists() and any(json.loads(line)["frames"] >= frames for line in metrics.read_text().splitlines()):
+        if metrics.exists() and any(row.get("frames", 0) >= frames for row in _rows(metrics)):
             return
         time.sleep(0.1)
     raise AssertionError(f"{metrics} never reached {frames} frames")
+
+
+def _rows(metrics: Path) -> list[dict]:
+    """The rows of a metrics.jsonl being written (a torn last line is skipped)."""
+    rows = []
+    for line in metrics.read_text().splitlines():
+        try:
+            rows.append(json.loads(line))
+        except ValueError:
+            pass
+    return rows
 
 
 def newest_run_dir(cwd: Path, timeout: float = 60) -> Path:
@@ -302,13 +313,19 @@ def logged_frames(run_dir: Path) -> list[int]:
     return [json.loads(line)["frames"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_sigterm_to_torchrun_checkpoints_and_resume_auto_continues_the_run(tmp_path):
-    # The SLURM preemption path: torchrun forwards SIGTERM to every rank at once.
+@pytest.mark.parametrize("signalled", ["torchrun", "every process"])
+def test_sigterm_to_torchrun_checkpoints_and_resume_auto_continues_the_run(signalled, tmp_path):
+    # The SLURM preemption path: torchrun forwards SIGTERM to every rank at once; under srun, SLURM
+    # also signals every process itself, so each rank gets it twice.
     job = torchrun(*PREEMPTIBLE, cwd=tmp_path, popen=True)
     try:
         run_dir = newest_run_dir(tmp_path)
         wait_for_frames(run_dir, 8192)
-        job.send_signal(signal.SIGTERM)  # to torchrun alone, as a scheduler's signal to the launcher
+        ranks = [json.loads((run_dir / "run.lock").read_text())["pid"], rank_pid(run_dir, 1), rank_pid(run_dir, 2)]
+        job.send_signal(signal.SIGTERM)
+        if signalled == "every process":
+            for pid in ranks:
+                os.kill(pid, signal.SIGTERM)
         out, _ = job.communicate(timeout=120)
     finally:
         os.killpg(job.pid, signal.SIGKILL) if job.poll() is None else None

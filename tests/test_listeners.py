@@ -33,7 +33,7 @@ from rltrain.sync import listen
 
 policy = ActorCritic(spec_from_env("CartPole-v1", gym.make("CartPole-v1")))
 print("listening", flush=True)
-receiver = listen(sys.argv[1])
+receiver = listen(sys.argv[1], timeout_s=240.0)  # the run may still be starting on a busy box
 receiver.connect(policy)
 print("connected", flush=True)
 while not receiver.ended:
@@ -49,7 +49,7 @@ import sys
 from torch import nn
 from rltrain.sync import listen
 
-listen(sys.argv[1]).connect(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)))
+listen(sys.argv[1], timeout_s=240.0).connect(nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2)))
 """
 
 # A learner driven from Python, as in a notebook: its process (and the store and group it holds)
@@ -102,7 +102,7 @@ def stop(proc: subprocess.Popen | None) -> None:
     proc.wait(timeout=30)
 
 
-def listener(code: str, run_dir: Path, cwd: Path, timeout: float = 90) -> subprocess.CompletedProcess:
+def listener(code: str, run_dir: Path, cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code, str(run_dir)], cwd=cwd, env=ENV, capture_output=True,
                           text=True, timeout=timeout)
 

@@ -203,5 +203,6 @@ def test_an_unwritable_run_dir_is_one_line_naming_it_and_exit_code_2(case, tmp_p
     assert proc.returncode == 2, proc.stderr
     (line,) = proc.stderr.splitlines()
     key = "hydra.sweep.dir" if "sweep" in case else "hydra.run.dir"
-    assert line.startswith("rltrain: cannot write the run dir (") and f"set another with {key}=PATH" in line
+    which = "sweep" if "sweep" in case else "run"
+    assert line.startswith(f"rltrain: cannot write the {which} dir (") and f"set another with {key}=PATH" in line
     assert ("Not a directory: a_file/run" if case == "under a file" else "Permission denied: 'outputs'") in line

@@ -223,11 +223,11 @@ def test_a_signal_during_the_last_step_completes_the_run_without_an_evaluation(t
 
 
 def test_a_signal_during_the_final_evaluation_ends_it_and_resume_evaluates(tmp_path):
-    # 1000 Pendulum episodes of 200 steps: seconds of evaluation, which the signal lands in.
+    # The signal comes in the last update, so the final evaluation (1000 Pendulum episodes of 200
+    # steps: seconds) starts with a stop request pending and must end at its first step.
     run = ("env=pendulum", "collector.frames_per_batch=2048", "trainer.total_frames=4096",
            "trainer.stop_at_return=null", "hooks.eval.episodes=1000", "hydra.run.dir=outputs/run")
-    signal_in_eval = ("+hooks.kill._target_=tests.hooks_for_tests.SignalDuringUpdate", "+hooks.kill.at_batch=2",
-                      "+hooks.kill.delay_s=1.0")
+    signal_in_eval = signal_at(4096)
     stopped = run_cli(*run, *signal_in_eval, cwd=tmp_path)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
     run_dir = tmp_path / "outputs/run"
@@ -280,6 +280,15 @@ def test_a_second_signal_stops_at_once_without_a_checkpoint(tmp_path):
     summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert checkpoint.listing(tmp_path / "outputs/run") == []
+
+
+def test_a_repeated_sigterm_is_the_same_request_and_still_checkpoints(tmp_path):
+    # Under srun torchrun every process gets SIGTERM from SLURM and again from torchrun.
+    proc = run_cli(*PPO_RUN, *signal_at(5000, "SIGTERM", times=2), "hydra.run.dir=outputs/run", cwd=tmp_path)
+    assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+    summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["frames"] == 5120
+    assert [p.name for p in checkpoint.listing(tmp_path / "outputs/run")] == ["frames_000000005120.pt"]
 
 
 def test_checkpoints_follow_their_schedule_and_keep_the_last_n(tmp_path):

@@ -352,12 +352,13 @@ class _RankServer:
         """Serve the learner's commands until it says close (or is gone). A stop signal (SIGINT,
         SIGTERM) waits, as worker processes ignore it: a scheduler or torchrun signals every rank at
         once, and the learner still asks this rank for its envs' state for its last checkpoint. The
-        rank then exits as stopped by that signal; a second one stops it at once."""
+        rank then exits as stopped by that signal; a second Ctrl-C stops it at once."""
         requested: list[signal.Signals] = []
 
         def on_request(signum: signal.Signals) -> None:
             if not requested:
-                log.warning("%s: the learner saves the run, then stops this rank (again to stop at once)", signum.name)
+                log.warning("%s: the learner saves the run, then stops this rank (Ctrl-C again to stop at once)",
+                            signum.name)
             requested.append(signum)
 
         try:

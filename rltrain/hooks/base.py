@@ -86,7 +86,8 @@ class Hook:
             self.on_update(state)
 
     def on_interrupt(self, state: TrainState) -> None:
-        """Once, after the last update of a run stopped by SIGINT or SIGTERM (instead of ``on_end``)."""
+        """Once, after the last update of a run stopped by SIGINT or SIGTERM (instead of ``on_end``;
+        after it, for a hook before the evaluation when the stop ends the final evaluation)."""
 
     def close(self, state: TrainState, summary: dict[str, Any]) -> None:
         """Always, after summary.json is written (also after Ctrl-C or an error): release resources."""

@@ -66,13 +66,13 @@ class EvalHook(Hook):
             self._env = self.make_env(num_envs=self.episodes)
         stop = functools.partial(_raise_if_stopping, state)
         returns, lengths = self._run_episodes(self._env, stop)
+        if self.video:  # before anything is recorded: a stop request may end it too
+            self._record(state.frames, stop)
         state.eval_return, self._evaluated_at = float(returns.mean()), state.frames
         state.eval_return_sum += state.eval_return
         state.evaluations += 1
         # The latest, not a mean over the log row: the last row and summary.json show the same return.
         state.window.set({"eval/return": state.eval_return, "eval/episode_length": float(lengths.mean())})
-        if self.video:
-            self._record(state.frames, stop)
         return state.eval_return
 
     def _run_episodes(self, env: BatchedEnv, stop: Callable[[], None]) -> tuple[np.ndarray, np.ndarray]:

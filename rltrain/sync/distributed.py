@@ -42,7 +42,6 @@ from torch import nn
 
 from rltrain import distributed as rd
 from rltrain.errors import SyncError
-from rltrain.run_dir import LOCK_FILE
 from rltrain.sync.base import (
     FlatWeights,
     WeightReceiver,
@@ -590,6 +589,8 @@ def _lock_held(run_dir: Path) -> bool:
     """Whether a live process holds the run dir's lock (RunDirLock: an flock the kernel drops when
     its holder dies). Probed with a shared lock, dropped at once; a live run's is never free, so
     the probe only meets a run starting in a dir whose run is over, for a few microseconds."""
+    from rltrain.run_dir import LOCK_FILE  # listeners only: collector ranks import this module too
+
     try:
         fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
     except FileNotFoundError:  # released (RunDirLock.release removes it), or never taken
