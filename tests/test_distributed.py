@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -346,47 +347,50 @@ def test_sigterm_to_torchrun_checkpoints_and_resume_auto_continues_the_run(signa
     assert set(range(2048, 102400, 2048)) <= set(frames), f"a gap in metrics.jsonl: {frames}"
 
 
-def launch_by_hand(args: tuple[str, ...], cwd: Path, port: int) -> list[subprocess.Popen]:
-    """A 3-process job as torchrun starts it, without its agent (which would signal every rank)."""
-    return [subprocess.Popen([sys.executable, "-m", "rltrain", *args], cwd=cwd,
-                             env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(r), "WORLD_SIZE": "3",
-                                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for r in range(3)]
-
-
-def test_a_stop_signal_checkpoints_even_when_a_rank_is_already_gone(tmp_path):
-    procs = launch_by_hand(PREEMPTIBLE, tmp_path, free_port())
+@contextlib.contextmanager
+def job_by_hand(args: tuple[str, ...], cwd: Path):
+    """A 3-process job as torchrun starts it, without its agent (which would signal every rank); only
+    the learner's output is kept. Every process is gone afterwards."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-m", "rltrain", *args], cwd=cwd,
+                              env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(r), "WORLD_SIZE": "3",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)},
+                              stdout=subprocess.PIPE if r == 0 else subprocess.DEVNULL, stderr=subprocess.STDOUT,
+                              text=True)
+             for r in range(3)]
     try:
-        run_dir = newest_run_dir(tmp_path)
-        wait_for_frames(run_dir, 8192)
-        rank_1 = rank_pid(run_dir, 1)
-        os.kill(rank_1, signal.SIGSTOP)  # the learner now waits on rank 1 (in a collect or in its checkpoint)
-        time.sleep(1)
-        procs[0].send_signal(signal.SIGTERM)
-        time.sleep(1)
-        os.kill(rank_1, signal.SIGKILL)  # gone before it could answer
-        out, _ = procs[0].communicate(timeout=120)
-        for p in procs[1:]:
-            p.wait(timeout=60)
+        yield procs
     finally:
         for p in procs:
             p.kill()
             p.wait()
+
+
+def learner_output(procs: list[subprocess.Popen], timeout: float) -> str:
+    out, _ = procs[0].communicate(timeout=timeout)
+    for p in procs[1:]:
+        p.wait(timeout=60)
+    return out
+
+
+def test_a_stop_signal_checkpoints_even_when_a_rank_is_already_gone(tmp_path):
+    with job_by_hand(PREEMPTIBLE, tmp_path) as procs:
+        run_dir = newest_run_dir(tmp_path)
+        wait_for_frames(run_dir, 8192)
+        rank_1 = rank_pid(run_dir, 1)
+        os.kill(rank_1, signal.SIGSTOP)  # the learner now waits on rank 1 (in a collect, a push or its checkpoint)
+        time.sleep(1)
+        procs[0].send_signal(signal.SIGTERM)
+        time.sleep(1)
+        os.kill(rank_1, signal.SIGKILL)  # gone before it could answer
+        out = learner_output(procs, 120)
     assert procs[0].returncode == 128 + signal.SIGTERM, out[-3000:]
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "interrupted"
     assert "start fresh episodes on resume" in (run_dir / "cli.log").read_text()
     assert checkpoint_listing(run_dir), "no checkpoint written"
 
-    procs = launch_by_hand(PREEMPTIBLE, tmp_path, free_port())
-    try:
-        out, _ = procs[0].communicate(timeout=300)
-        for p in procs[1:]:
-            p.wait(timeout=60)
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+    with job_by_hand(PREEMPTIBLE, tmp_path) as procs:
+        out = learner_output(procs, 300)
     assert procs[0].returncode == 0, out[-3000:]
     assert "the envs of collector rank(s) 1 start fresh episodes" in out
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
