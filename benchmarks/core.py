@@ -67,12 +67,32 @@ def ratio(ours: Stat, peer: Stat) -> float:
     return peer.median / ours.median
 
 
+@dataclasses.dataclass(frozen=True)
+class Goal:
+    """One checkable part of a row's target: ``column``'s figure at least ``at_least`` and/or at most
+    ``at_most``. The figure is the column's ratio as the table prints it, or with ``median=True``
+    the column's own median (in its unit: "<= 2 ms"). ``Row.target`` keeps the words a reader sees;
+    the goals are how a full run tells whether the row met them."""
+
+    column: str
+    at_least: float | None = None
+    at_most: float | None = None
+    median: bool = False
+
+    def holds(self, value: float) -> bool:
+        return (self.at_least is None or value >= self.at_least) and (self.at_most is None or value <= self.at_most)
+
+
+MISSED = "MISSED"
+
+
 @dataclasses.dataclass
 class Row:
     label: str
     cells: dict[str, Stat | None]  # column -> measurement (None: not measured, see the table's notes)
     target: str = ""
     extra: dict = dataclasses.field(default_factory=dict)  # more figures for this row (printed after it)
+    goals: tuple[Goal, ...] = ()  # the target's checkable parts (words such as "same values" are not)
 
 
 @dataclasses.dataclass
@@ -96,7 +116,41 @@ class Table:
             return None
         return other.median / base.median if self.ratio_mode == "over" else ratio(base, other)
 
-    def render(self) -> str:
+    def figure(self, row: Row, goal: Goal) -> float | None:
+        """The figure ``goal`` bounds on ``row``; None where it was not measured."""
+        if goal.median:
+            cell = row.cells.get(goal.column)
+            value = cell.median if cell else None
+        else:
+            value = self.ratio(row, goal.column)
+        return None if value is None or math.isnan(value) else value
+
+    def missed(self, row: Row) -> list[Goal]:
+        """``row``'s goals whose figure was measured and is out of bounds."""
+        return [g for g in row.goals if (v := self.figure(row, g)) is not None and not g.holds(v)]
+
+    def met(self, row: Row) -> bool | None:
+        """False if a goal was missed, True if every goal was measured and met, None otherwise
+        (no goals, or a column left empty)."""
+        if self.missed(row):
+            return False
+        return True if row.goals and all(self.figure(row, g) is not None for g in row.goals) else None
+
+    def target_cell(self, row: Row, judge: bool) -> str:
+        """The row's target, ending in MISSED where a figure misses it (a reader scanning the column,
+        or grepping a log, sees it without redoing the comparison); with several goals, it names
+        the figures that missed."""
+        missed = self.missed(row) if judge else []
+        if not missed:
+            return row.target
+        if len(row.goals) == 1:
+            return f"{row.target}  {MISSED}"
+        names = [g.column if g.median else self.ratio_header.format(peer=g.column) for g in missed]
+        return f"{row.target}  {MISSED}: {', '.join(names)}"
+
+    def render(self, judge: bool = True) -> str:
+        """The table as text; ``judge=False`` (a quick run: few rounds, small sizes) prints the
+        targets without marking the rows that miss them."""
         peers = [c for c in self.columns if self.ratio_to and c != self.ratio_to]
         header = ["case", *self.columns, *[self.ratio_header.format(peer=p) for p in peers], "target"]
         lines = []
@@ -105,7 +159,7 @@ class Table:
             for p in peers:
                 r = self.ratio(row, p)
                 cells.append("–" if r is None else f"{r:.2f}")
-            cells.append(row.target)
+            cells.append(self.target_cell(row, judge))
             lines.append(cells)
         widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
         out = [f"\n{self.title}", "  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
@@ -116,10 +170,10 @@ class Table:
         out += [f"  note: {n}" for n in self.notes]
         return "\n".join(out)
 
-    def to_json(self) -> dict:
+    def to_json(self, judge: bool = True) -> dict:
         return {"title": self.title, "columns": self.columns, "notes": self.notes,
                 "ratio_to": self.ratio_to, "ratio_mode": self.ratio_mode,
-                "rows": [{"case": r.label, "target": r.target, "extra": r.extra,
+                "rows": [{"case": r.label, "target": r.target, "met": self.met(r) if judge else None, "extra": r.extra,
                           "cells": {c: s.to_json() if s else None for c, s in r.cells.items()},
                           "ratios": {c: self.ratio(r, c) for c in self.columns
                                      if self.ratio_to and c != self.ratio_to and self.ratio(r, c) is not None}}

@@ -15,7 +15,7 @@ per-parameter Polyak loop CleanRL has). Every step is timed until the device is 
 Push: ``sync=shared_mem`` from a learner on the device to 2 CPU worker processes, beside one
 page-locked device-to-host copy of the same bytes (on the CPU: a memcpy): until ``push`` returns
 (what the learner waits for) and until both workers hold the new version (they look every 0.2 ms,
-as an async collector's workers do between env steps).
+as an async collector's workers do between env steps), both timed on the same pushes.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.core import ROOT, Row, Stat, Table
+from benchmarks.core import ROOT, Goal, Row, Stat, Table
 from benchmarks.losses import box_spec, sac_frames
 
 NAME, TITLE = "learner", "The learner on the device"
@@ -38,6 +38,8 @@ ANCHOR, EAGER, COMPILED = "CleanRL eager", "rltrain eager", "rltrain compiled"
 SAC_OBS, SAC_ACT, SAC_BATCH = 17, 6, 256
 PPO_OBS, PPO_ACT = 17, 6
 E2E_RECIPE = "sac_halfcheetah"
+# The end-to-end dry run's budget (--quick): 100 gradient steps after its warm-up (4 per 4-frame batch).
+DRY_RUN_FRAMES, DRY_RUN_WARMUP = 400, 300
 
 
 def _sync(device):
@@ -263,26 +265,26 @@ def cleanrl_ppo_step(device: str, minibatch: int, hidden: int, activation: str):
 def _update_table(ctx, device: str, compiled_label: str) -> Table:
     """With --quick on the CPU (CI's smoke run) the compiled column is left out: its compiles are
     nearly all of its cost, and tests/test_compile.py checks compiled steps against eager ones."""
-    reps = 20 if ctx.quick else 100
+    reps = 10 if ctx.quick else 100
     compiling = not (ctx.quick and device == "cpu")
     columns = [ANCHOR, EAGER, compiled_label] if compiling else [ANCHOR, EAGER]
     table = Table(f"Update steps on {device}: ms per step, median [p10-p90] of {ctx.rounds} rounds x {reps}",
                   columns, ratio_to=compiled_label if compiling else EAGER)
     on_gpu = device.startswith("cuda")
-    rows = [
+    rows = [  # the targets (ms per step of the compiled column) are the GPU's
         ("SAC step, batch 256, 256x256", "benchmarks.learner:sac_step", {},
-         ("benchmarks.learner:cleanrl_sac_step", {}), "<= 2 ms" if on_gpu else ""),
+         ("benchmarks.learner:cleanrl_sac_step", {}), 2 if on_gpu else None),
         ("PPO minibatch step, 64 samples, 64x64 tanh", "benchmarks.learner:ppo_step",
          {"minibatch": 64, "hidden": 64, "activation": "tanh"},
          ("benchmarks.learner:cleanrl_ppo_step", {"minibatch": 64, "hidden": 64, "activation": "tanh"}),
-         "<= 1 ms" if on_gpu else ""),
+         1 if on_gpu else None),
         ("PPO minibatch step, 64 samples, 256x256 relu (ppo_halfcheetah)", "benchmarks.learner:ppo_step",
          {"minibatch": 64, "hidden": 256, "activation": "relu"},
-         ("benchmarks.learner:cleanrl_ppo_step", {"minibatch": 64, "hidden": 256, "activation": "relu"}), ""),
+         ("benchmarks.learner:cleanrl_ppo_step", {"minibatch": 64, "hidden": 256, "activation": "relu"}), None),
         ("PPO update, CartPole's default batch (512 frames, 10 x 2 minibatches of 256)",
-         "benchmarks.learner:ppo_update", {}, None, ""),
+         "benchmarks.learner:ppo_update", {}, None, None),
     ]
-    for label, ref, kwargs, anchor, target in rows[:2] if ctx.quick else rows:
+    for label, ref, kwargs, anchor, ms in rows[:2] if ctx.quick else rows:
         cases = {EAGER: (ref, {"device": device, "mode": "eager", **kwargs})}
         if compiling:
             cases[compiled_label] = (ref, {"device": device, "mode": "compiled", **kwargs})
@@ -292,7 +294,8 @@ def _update_table(ctx, device: str, compiled_label: str) -> Table:
         extra = {}
         if ref.endswith("ppo_update"):
             extra = {f"{c} updates/s": f"{1e3 / s.median:,.0f}" for c, s in cells.items() if s}
-        table.rows.append(Row(label, cells, target=target, extra=extra))
+        table.rows.append(Row(label, cells, target=f"<= {ms} ms" if ms else "", extra=extra,
+                              goals=(Goal(compiled_label, at_most=ms, median=True),) if ms else ()))
     table.notes.append("the compiled column's one-time compile (logged by rltrain) is in its warm-up, not here"
                        if compiling else "--quick on the CPU: no compiled column (tests/test_compile.py checks it)")
     return table
@@ -318,7 +321,7 @@ def pinned_copy_times(n_params: int, device: str, repeats: int) -> list[float]:
 
 
 def _push_table(ctx, device: str) -> Table:
-    from benchmarks.weight_sync import parse_count, push_times
+    from benchmarks.weight_sync import parse_count, push_and_held_times
 
     floor = "pinned copy" if device.startswith("cuda") else "memcpy"
     pushed, held = "push returns", "both workers hold it"
@@ -329,10 +332,11 @@ def _push_table(ctx, device: str) -> Table:
                   ratio_mode="over")
     for text in (["1M"] if ctx.quick else ["1M", "50M"]):
         n = parse_count(text)
-        cells = {floor: Stat(pinned_copy_times(n, device, repeats)),
-                 pushed: Stat(push_times("shared_mem", n, 2, repeats, device=device, until="pushed")),
-                 held: Stat(push_times("shared_mem", n, 2, repeats, device=device))}
-        table.rows.append(Row(f"{text} params", cells, target="<= 1.5x" if device.startswith("cuda") else ""))
+        push_ms, held_ms = push_and_held_times("shared_mem", n, 2, repeats, device=device)
+        cells = {floor: Stat(pinned_copy_times(n, device, repeats)), pushed: Stat(push_ms), held: Stat(held_ms)}
+        on_gpu = device.startswith("cuda")  # the target: what the learner waits for, beside the pinned copy
+        table.rows.append(Row(f"{text} params", cells, target=f"{pushed} <= 1.5x" if on_gpu else "",
+                              goals=(Goal(pushed, at_most=1.5),) if on_gpu else ()))
     return table
 
 
@@ -341,8 +345,11 @@ def _e2e_process(device: str, frames: int, tmp: str) -> subprocess.Popen:
            f"hydra.run.dir={tmp}/{device}", f"trainer.total_frames={frames}", "hooks.progress.bar=false",
            "hooks.checkpoint.every=null",
            f"hooks.eval.every={{frames: {max(frames // 4, 1)}}}"]
-    if frames < 5000:  # a dry run: learning starts within it; one short evaluation at the end
-        cmd += ["algo.warmup_frames=1000", "hooks.eval.every=null", "hooks.eval.episodes=1"]
+    if frames == DRY_RUN_FRAMES:  # learning starts within it; one evaluation, at the end
+        cmd += [f"algo.warmup_frames={DRY_RUN_WARMUP}", "hooks.eval.every=null", "hooks.eval.episodes=1",
+                # one thread, not the recipe's two: on a busy 2-core box two threads wait on each other
+                # (2,000 frames at load 5: 268 s with two, 33 s with one)
+                "threads=1"]
     # stderr to a file: what a long run prints cannot fill a pipe and stall it.
     with open(f"{tmp}/{device}.err", "w") as err:
         return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
@@ -352,7 +359,7 @@ def _e2e_table(ctx, device: str) -> Table:
     """The recipe on this device and on the CPU, side by side in two processes at once; the CPU one
     is stopped (SIGTERM: it checkpoints and writes its summary) once the device one is done, or at
     its own end, whichever comes first."""
-    frames = 2000 if ctx.quick else 100_000
+    frames = DRY_RUN_FRAMES if ctx.quick else 100_000
     table = Table(f"+recipe={E2E_RECIPE}, {frames:,} frames, the learner on {device} beside the CPU (envs on the "
                   "CPU in both)", [device, "cpu"] if device != "cpu" else ["cpu"], ratio_to=None)
     with tempfile.TemporaryDirectory() as tmp:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 
-from benchmarks.core import OURS, Row, Table
+from benchmarks.core import OURS, Goal, Row, Table
 
 NAME, TITLE = "losses", "One gradient step"
 PPO_OBS, PPO_ACT, PPO_BATCH, PPO_HIDDEN = 8, 4, (10, 128), [128, 128]
@@ -192,7 +192,8 @@ def run(ctx) -> list[Table]:
         cases = {OURS: (f"benchmarks.losses:rltrain_{algo}", kwargs)}
         if peers:
             cases["torchrl"] = (f"benchmarks.losses:torchrl_{algo}", kwargs)
-        row = Row(label, ctx.compare(cases, reps=reps, notes=table.notes), target=">= 2x TorchRL")
+        row = Row(label, ctx.compare(cases, reps=reps, notes=table.notes), target=">= 2x TorchRL",
+                  goals=(Goal("torchrl", at_least=2),))
         if algo == "sac":
             flops = sac_matmul_flops(**kwargs)
             row.extra["matmul-only floor"] = (f"{flops / rate * 1e3:.2f} ms ({flops / 1e9:.2f} GFLOP at "

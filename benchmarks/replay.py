@@ -5,7 +5,7 @@ against TorchRL's ``ReplayBuffer(LazyTensorStorage, RandomSampler)``; both buffe
 
 from __future__ import annotations
 
-from benchmarks.core import OURS, Row, Table
+from benchmarks.core import OURS, Goal, Row, Table
 
 NAME, TITLE = "replay", "Replay buffer"
 OBS, ACT, CHUNK, BATCH = 17, 6, 10_000, 256
@@ -54,7 +54,8 @@ def run(ctx) -> list[Table]:
             if peers:
                 cases["torchrl"] = ("benchmarks.replay:torchrl_case", kwargs)
             cells = ctx.compare(cases, reps=reps, notes=table.notes)
-            row = Row(f"{what}, capacity {capacity:.0e}", cells, target=">= 2x TorchRL")
+            row = Row(f"{what}, capacity {capacity:.0e}", cells, target=">= 2x TorchRL",
+                      goals=(Goal("torchrl", at_least=2),))
             if cells.get(OURS):
                 per = CHUNK if op == "extend" else BATCH
                 row.extra["rltrain frames/s"] = f"{per / cells[OURS].median * 1e3:,.0f}"

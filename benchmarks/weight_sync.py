@@ -17,7 +17,7 @@ import os
 import time
 from multiprocessing.connection import wait
 
-from benchmarks.core import Row, Stat, Table
+from benchmarks.core import Goal, Row, Stat, Table
 
 NAME, TITLE = "weight_sync", "Weight push"
 POLL_S = 0.0002
@@ -68,10 +68,16 @@ def parse_count(text: str) -> int:
 
 
 def push_times(scheme_name: str, n_params: int, workers: int, repeats: int, kind: str = "square",
-               device: str = "cpu", until: str = "held") -> list[float]:
-    """ms per push until every worker acknowledged it (``until="held"``) or until ``push`` returned to
-    the learner (``"pushed"``), ``repeats`` pushes after 2 warm-up ones; the learner's weights on
-    ``device``, the workers' on the CPU."""
+               device: str = "cpu") -> list[float]:
+    """ms per push until every worker acknowledged it (see ``push_and_held_times``)."""
+    return push_and_held_times(scheme_name, n_params, workers, repeats, kind, device)[1]
+
+
+def push_and_held_times(scheme_name: str, n_params: int, workers: int, repeats: int, kind: str = "square",
+                        device: str = "cpu") -> tuple[list[float], list[float]]:
+    """ms per push until ``push`` returned to the learner, and until every worker acknowledged it
+    (the same pushes: one set of workers to start), ``repeats`` pushes after 2 warm-up ones; the
+    learner's weights on ``device``, the workers' on the CPU."""
     import torch
 
     ctx = mp.get_context("spawn")
@@ -90,19 +96,19 @@ def push_times(scheme_name: str, n_params: int, workers: int, repeats: int, kind
             if time.monotonic() > deadline or not all(p.is_alive() for p in procs):
                 raise RuntimeError(f"{scheme_name}: a worker did not start (exit codes {[p.exitcode for p in procs]})")
             time.sleep(0.01)
-        times = []
+        pushed, held = [], []
         for _ in range(repeats + 2):
             with torch.no_grad():
                 next(learner.parameters()).add_(1.0)
             t0 = time.perf_counter()
             version = sender.push()
-            pushed = time.perf_counter()
+            pushed.append((time.perf_counter() - t0) * 1e3)
             deadline = time.monotonic() + 60
             while int(ack.min()) < version:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{scheme_name}: a worker did not acknowledge version {version} in 60 s")
-            times.append(((pushed if until == "pushed" else time.perf_counter()) - t0) * 1e3)
-        return times[2:]
+            held.append((time.perf_counter() - t0) * 1e3)
+        return pushed[2:], held[2:]
     finally:
         stop.set()
         for p in procs:
@@ -244,7 +250,8 @@ def run(ctx) -> list[Table]:
     import torch
 
     torch.set_num_threads(ctx.threads)
-    sizes, workers, repeats = (["1M"], [2], 5) if ctx.quick else (["1M", "10M", "50M"], [2, 4], 15)
+    # A quick run starts one worker per scheme: each worker imports torch, the most a busy box slows.
+    sizes, workers, repeats = (["1M"], [1], 5) if ctx.quick else (["1M", "10M", "50M"], [2, 4], 15)
     peers = {"torchrl SharedMem": "shared_mem", "torchrl MultiProcess": "multiprocess"} if ctx.peer("torchrl") else {}
     table = Table(f"{TITLE} until every worker holds the new version: ms, median [p10-p90] of {repeats}",
                   [FLOOR, "shared_mem", "pipe", "raw pipe", *peers], ratio_to=FLOOR, ratio_header="{peer} / floor",
@@ -262,6 +269,10 @@ def run(ctx) -> list[Table]:
                                                  {"scheme": scheme, "n_params": n, "workers": w,
                                                   "repeats": repeats})}, notes=table.notes)
                 cells[column] = Stat(times["torchrl"]) if times.get("torchrl") else None
-            target = "shared_mem <= 1.5x, pipe <= 3x" if n >= 10_000_000 else "shared_mem <= 1 ms, pipe <= 3x"
-            table.rows.append(Row(f"{text} params, {w} workers", cells, target=target))
+            if n >= 10_000_000:  # large pushes are bounded by the copy; small ones by a fixed cost
+                target, shared_mem = "shared_mem <= 1.5x, pipe <= 3x", Goal("shared_mem", at_most=1.5)
+            else:
+                target, shared_mem = "shared_mem <= 1 ms, pipe <= 3x", Goal("shared_mem", at_most=1, median=True)
+            table.rows.append(Row(f"{text} params, {w} worker{'s' * (w > 1)}", cells, target=target,
+                                  goals=(shared_mem, Goal("pipe", at_most=3))))
     return [table]

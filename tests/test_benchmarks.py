@@ -11,7 +11,7 @@ import pytest
 
 from benchmarks import core
 from benchmarks.context import Context
-from benchmarks.core import OURS, Row, Stat, Table
+from benchmarks.core import OURS, Goal, Row, Stat, Table
 from tests.conftest import ROOT
 
 
@@ -35,6 +35,36 @@ def test_ratios_say_how_many_times_rltrain_wins_for_times_and_rates():
     floor.rows.append(Row("1M", {"floor": Stat([0.5]), "scheme": Stat([0.75])}))
     assert floor.ratio(floor.rows[0], "scheme") == 1.5 and "scheme / floor" in floor.render()
     assert table.to_json()["rows"][0]["ratios"] == {"peer": 3.0}
+
+
+def test_a_full_run_marks_the_rows_that_miss_their_target():
+    """A ratio or a median out of its target's bounds ends its row in MISSED (naming the figure when
+    the target has several parts); a met target, or an empty cell, prints as before."""
+    fps = Table("f", ["lockstep", "distributed"], ratio_to="lockstep", ratio_header="{peer} / lockstep",
+                ratio_mode="over")
+    for label, distributed in (("slow", 3_800.0), ("fast", 9_800.0)):
+        fps.rows.append(Row(label, {"lockstep": Stat([10_000.0], "frames/s", True),
+                                    "distributed": Stat([distributed], "frames/s", True)},
+                            target=">= 0.8x", goals=(Goal("distributed", at_least=0.8),)))
+    fps.rows.append(Row("unmeasured", {"lockstep": Stat([1.0]), "distributed": None}, target=">= 0.8x",
+                        goals=(Goal("distributed", at_least=0.8),)))
+    slow, fast, unmeasured = fps.render().splitlines()[-3:]
+    assert " 0.38 " in slow and slow.endswith(" >= 0.8x  MISSED")
+    assert " 0.98 " in fast and fast.endswith(" >= 0.8x") and unmeasured.endswith(" >= 0.8x")
+    assert "MISSED" not in fps.render(judge=False)  # a quick run's figures are not judged
+    assert [r["met"] for r in fps.to_json()["rows"]] == [False, True, None]
+    assert [r["met"] for r in fps.to_json(judge=False)["rows"]] == [None, None, None]
+
+    push = Table("p", ["memcpy floor", "shared_mem", "pipe"], ratio_to="memcpy floor", ratio_header="{peer} / floor",
+                 ratio_mode="over")
+    goals = (Goal("shared_mem", at_most=1, median=True), Goal("pipe", at_most=3))
+    for label, shared_mem, pipe in (("pipe slow", 0.9, 2.4), ("both slow", 1.2, 2.4), ("both fast", 0.9, 0.2)):
+        push.rows.append(Row(label, {"memcpy floor": Stat([0.1]), "shared_mem": Stat([shared_mem]),
+                                     "pipe": Stat([pipe])}, target="shared_mem <= 1 ms, pipe <= 3x", goals=goals))
+    lines = push.render().splitlines()[-3:]
+    assert lines[0].endswith("shared_mem <= 1 ms, pipe <= 3x  MISSED: pipe / floor")
+    assert lines[1].endswith("shared_mem <= 1 ms, pipe <= 3x  MISSED: shared_mem, pipe / floor")
+    assert lines[2].endswith("shared_mem <= 1 ms, pipe <= 3x")
 
 
 def test_a_peer_that_is_not_installed_is_reported_with_the_install_that_fixes_it(monkeypatch):
@@ -102,3 +132,4 @@ def test_the_quick_suite_measures_every_category(tmp_path):
     gae = result["categories"]["advantage"][0]["rows"]
     assert [r["case"] for r in gae] == ["[1, 512]", "[32, 512]"]
     assert "## end_to_end" in proc.stdout and "launch to the first batch" in proc.stdout
+    assert "MISSED" not in proc.stdout  # a smoke run's figures are not judged against the targets
