@@ -281,13 +281,6 @@ def _damage(path: Path, e: Exception) -> str:
     return f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'no detail'}"
 
 
-def run_dir_of(path: Path) -> Path | None:
-    """The run dir a checkpoint file belongs to (``<run_dir>/checkpoints/<file>``); None for a file
-    elsewhere (a copied checkpoint starts a new run dir)."""
-    path = path.resolve()
-    return path.parent.parent if path.parent.name == DIRNAME else None
-
-
 def set_aside_newer(run_dir: Path, resumed: Path) -> None:
     """Resuming from an older checkpoint starts a new branch: checkpoints past it go to
     ``checkpoints/abandoned/`` so that nothing (keep_last, resume) mistakes them for this branch's."""

@@ -12,12 +12,10 @@ import importlib.util
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import tempfile
 import traceback
-from datetime import datetime
 from pathlib import Path
 
 import hydra
@@ -31,13 +29,12 @@ from rltrain import checkpoint, distributed, stop_signals
 from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError
 from rltrain.factory import RefusedByLearner, build, serve_rank
 from rltrain.help import config_help
-from rltrain.run_dir import log_file, unique_dir
+from rltrain.run_dir import abandon_hydra_dir, log_file, record_invocation, unique_dir
 from rltrain.trainer import result_line
 from rltrain.validate import check_resume_in_sweep
 
 EXIT_FAILED, EXIT_REFUSED = 1, 2
 _REFUSED = (ConfigError, CheckpointError, RunDirError)
-HYDRA_FILES = ".hydra"  # Hydra's own record of a run (config, overrides), written once the run dir is ours
 
 # The default run and sweep dirs (config.yaml) claim a dir of their own, even within one second;
 # --help shows every key with its comment (hydra.help.template in config.yaml).
@@ -63,24 +60,20 @@ def run(cfg: DictConfig) -> float | None:
     world = distributed.current()
     if world is not None and world.rank != 0:
         return _collect_on_rank(cfg, world)
-    hydra_dir = Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized() else None
     with stop_signals.at_once() as seen:
         try:
             if _sweeping():
                 check_resume_in_sweep(cfg)
             trainer = build(cfg)  # locks the run dir before anything is written there
         except _REFUSED as e:
-            if hydra_dir is not None:
-                _detach_log_files(hydra_dir)
-                _discard_if_unused(hydra_dir)
+            abandon_hydra_dir()
             return _refuse(e)
         except KeyboardInterrupt:
             return _stopped(seen.signum, f"stopped by {seen.signum.name} while starting; nothing was trained")
         except Exception as e:  # noqa: BLE001  (an env raising on reset, a worker dying at start-up)
             return _failed(e, "while starting")
         run_dir = trainer.state.run_dir
-        if hydra_dir is not None:
-            _record_invocation(cfg, run_dir, hydra_dir)
+        record_invocation(cfg, run_dir)
         try:
             summary = trainer.fit()
         except KeyboardInterrupt:
@@ -175,55 +168,6 @@ def _full_error() -> bool:
     return os.environ.get("HYDRA_FULL_ERROR") == "1"
 
 
-def _record_invocation(cfg: DictConfig, run_dir: Path, hydra_dir: Path) -> None:
-    """Hydra's files of this invocation go to the run dir (``resumes/<time>/`` in a resumed run,
-    whose log then continues in its own dir)."""
-    resumed = run_dir.resolve() != hydra_dir.resolve()
-    try:  # bookkeeping only: if it fails, the run itself goes on
-        _save_hydra_files(cfg, run_dir / "resumes" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
-                          if resumed else run_dir)
-        if resumed:
-            _follow_into(run_dir, hydra_dir)
-    except OSError as e:
-        logging.getLogger("rltrain").warning("could not record this invocation's Hydra files or log in %s: %s",
-                                             run_dir, e)
-
-
-def _save_hydra_files(cfg: DictConfig, where: Path) -> None:
-    """What Hydra would write to ``.hydra/`` (config.yaml, hydra.yaml, overrides.yaml), written
-    only now that the run dir is this run's (config.yaml sets hydra.output_subdir: null)."""
-    folder = where / HYDRA_FILES
-    folder.mkdir(parents=True, exist_ok=True)
-    hydra_cfg = HydraConfig.instance().cfg
-    (folder / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-    (folder / "hydra.yaml").write_text(OmegaConf.to_yaml(hydra_cfg))
-    (folder / "overrides.yaml").write_text(OmegaConf.to_yaml(hydra_cfg.hydra.overrides.task))
-
-
-def _follow_into(run_dir: Path, hydra_dir: Path) -> None:
-    """A resumed run continues in its old dir: the log file goes on there (with what this
-    invocation logged so far), and the dir Hydra made for this invocation is removed."""
-    for handler in _log_files(hydra_dir):
-        handler.close()
-        old_log = Path(handler.baseFilename)
-        handler.baseFilename = str(run_dir.resolve() / old_log.name)  # reopened in append mode
-        with open(handler.baseFilename, "a") as f:
-            f.write(old_log.read_text() if old_log.exists() else "")
-    _discard_if_unused(hydra_dir)
-
-
-def _log_files(folder: Path) -> list[logging.FileHandler]:
-    return [h for h in logging.getLogger().handlers
-            if isinstance(h, logging.FileHandler) and Path(h.baseFilename).parent == folder.resolve()]
-
-
-def _detach_log_files(folder: Path) -> None:
-    """A refused run logs nothing into ``folder`` (it may be another run's dir)."""
-    for handler in _log_files(folder):
-        logging.getLogger().removeHandler(handler)
-        handler.close()
-
-
 def _write_to_log_files(text: str) -> list[str]:
     """Write ``text`` to the log files only (the terminal gets one paragraph); returns their paths."""
     record = logging.LogRecord("rltrain", logging.ERROR, __file__, 0, text, None, None)
@@ -233,17 +177,6 @@ def _write_to_log_files(text: str) -> list[str]:
             handler.handle(record)
             paths.append(handler.baseFilename)
     return paths
-
-
-def _discard_if_unused(run_dir: Path) -> None:
-    """Remove the dir Hydra made for this invocation if it holds nothing but log files."""
-    if not run_dir.is_dir() or any(p.suffix != ".log" for p in run_dir.iterdir()):
-        return
-    shutil.rmtree(run_dir)
-    cwd, parent = Path.cwd().resolve(), run_dir.resolve().parent
-    while parent != cwd and cwd in parent.parents and not any(parent.iterdir()):
-        parent.rmdir()
-        parent = parent.parent
 
 
 class RunDirCheck(Callback):

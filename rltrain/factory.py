@@ -18,12 +18,10 @@ import pickle
 import random
 import traceback
 from contextlib import ExitStack
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
@@ -33,7 +31,7 @@ from rltrain.device import resolve_device
 from rltrain.envs import EnvSpec
 from rltrain.errors import CheckpointError, ConfigError, RunDirError
 from rltrain.loggers import JsonlLogger
-from rltrain.run_dir import RunDirLock, claim_unique, earlier_run_in
+from rltrain.run_dir import RunDirLock, place
 from rltrain.state import TrainState
 from rltrain.sync.distributed import CONTACT_FILE
 from rltrain.trainer import Trainer, summarize, write_summary
@@ -74,30 +72,25 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
 def _build(cfg: DictConfig, run_dir: str | Path | None, world: distributed.World | None) -> Trainer:
     validate(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
-    ckpt_path = checkpoint.find(cfg.get("resume"), resolved, _runs_root(run_dir))
-    restore = checkpoint.Restore(checkpoint.load(ckpt_path), ckpt_path) if ckpt_path else checkpoint.Restore.none()
-    in_place = checkpoint.run_dir_of(ckpt_path) if ckpt_path else None  # resuming a run in its own dir
-    run_dir = in_place or _fresh_run_dir(run_dir)
-    lock = RunDirLock.acquire(run_dir)
+    placement = place(cfg.get("resume"), resolved, run_dir)
+    found = placement.checkpoint
+    restore = checkpoint.Restore(checkpoint.load(found), found) if found else checkpoint.Restore.none()
+    run_dir = placement.path
+    lock = placement.claim()
     try:
-        if in_place is None and (taken := earlier_run_in(run_dir)):
-            how = (f"continue it with resume={run_dir}" if checkpoint.listing(run_dir) else
-                   "it has no checkpoint to resume from: remove the dir")
-            raise RunDirError(f"{run_dir} already holds a run ({', '.join(taken)}); {how}, or give this run "
-                              "another hydra.run.dir")
         if world is not None:  # every rank uses rank 0's run dir; envs a checkpoint cannot restore start reseeded
             world.store.set(_SETUP, pickle.dumps({"run_dir": str(Path(run_dir).resolve()), "version": restore.version,
                                                   "seed": cfg.seed + restore.frames}))
         trainer = _build_parts(cfg, resolved, run_dir, lock, restore)
     except BaseException as e:
-        if in_place is None and not isinstance(e, (ConfigError, CheckpointError, RunDirError)):
+        if not placement.in_place and not isinstance(e, (ConfigError, CheckpointError, RunDirError)):
             # Started, then failed (an env raising on reset, a signal while workers start): say so.
             status = "interrupted" if isinstance(e, KeyboardInterrupt) else f"failed: {type(e).__name__}: {e}"
             write_summary(run_dir, summarize(TrainState(run_dir, cfg.trainer.total_frames), status, None))
         lock.release()
         raise
-    if in_place is not None:
-        checkpoint.set_aside_newer(run_dir, ckpt_path)  # a resume from an older checkpoint: a new branch
+    if placement.in_place:
+        checkpoint.set_aside_newer(run_dir, found)  # a resume from an older checkpoint: a new branch
     return trainer
 
 
@@ -242,29 +235,6 @@ def _instantiate_with(node: DictConfig, **runtime):
 
 def _without(node: DictConfig, keys: set[str]) -> DictConfig:
     return OmegaConf.masked_copy(node, [k for k in node if k not in keys])
-
-
-def _fresh_run_dir(run_dir: str | Path | None) -> Path:
-    """The dir of a run that starts fresh: the one given, Hydra's output dir, or a new
-    ``outputs/DATE/TIME`` (``_1``, ``_2``, ... when taken)."""
-    if run_dir is not None:
-        return Path(run_dir)
-    if HydraConfig.initialized():
-        return Path(HydraConfig.get().runtime.output_dir)
-    return claim_unique(Path("outputs") / datetime.now().strftime("%Y-%m-%d/%H-%M-%S"))
-
-
-def _runs_root(run_dir: str | Path | None) -> Path:
-    """Where resume=auto looks for earlier runs: the top dir of the run dirs below the working dir
-    (``outputs/``), else the run dir's parent (its siblings)."""
-    if run_dir is None:
-        if not HydraConfig.initialized():
-            return Path("outputs").resolve()
-        run_dir = HydraConfig.get().runtime.output_dir
-    cwd, absolute = Path.cwd().resolve(), Path(run_dir).resolve()
-    if cwd in absolute.parents and absolute.parent != cwd:
-        return cwd / absolute.relative_to(cwd).parts[0]
-    return absolute.parent
 
 
 def _seed_everything(seed: int) -> None:

@@ -15,7 +15,7 @@ import pytest
 
 from rltrain import build
 from rltrain.errors import RunDirError
-from rltrain.run_dir import LOCK_FILE, RunDirLock, claim_unique
+from rltrain.run_dir import LOCK_FILE, RunDirLock, claim_unique, place
 from tests.conftest import ROOT, make_config, run_cli
 
 LONG_RUN = ("trainer.total_frames=100000000", "trainer.stop_at_return=null", "hooks.log.every.seconds=0.2",
@@ -206,3 +206,29 @@ def test_an_unwritable_run_dir_is_one_line_naming_it_and_exit_code_2(case, tmp_p
     which = "sweep" if "sweep" in case else "run"
     assert line.startswith(f"rltrain: cannot write the {which} dir (") and f"set another with {key}=PATH" in line
     assert ("Not a directory: a_file/run" if case == "under a file" else "Permission denied: 'outputs'") in line
+
+
+def test_place_decides_the_run_dir_for_every_way_a_run_starts(tmp_path, monkeypatch):
+    """Fresh (given, or a new outputs/DATE/TIME), resume=PATH (the checkpoint's own dir), a copied
+    checkpoint file (a fresh dir), resume=auto (the newest run of the same config under outputs/)."""
+    monkeypatch.chdir(tmp_path)
+    config = {"seed": 0, "resume": None}
+    given = place(None, config, tmp_path / "mine")
+    assert (given.path, given.checkpoint, given.in_place) == (tmp_path / "mine", None, False)
+    default = place(None, config)
+    assert default.path.parent.parent == Path("outputs") and default.path.is_dir() and not default.in_place
+
+    old_run = tmp_path / "outputs" / "2026-01-01" / "00-00-00"
+    (old_run / "checkpoints").mkdir(parents=True)
+    (old_run / "checkpoints" / "frames_64.pt").write_bytes(b"")
+    (old_run / "checkpoints" / "config.json").write_text(json.dumps({**config, "resume": "x"}))
+    for resume in (str(old_run), "auto"):
+        resumed = place(resume, {**config, "resume": resume}, tmp_path / "ignored")
+        assert (resumed.path, resumed.in_place) == (old_run.resolve(), True)
+        assert resumed.checkpoint.name == "frames_64.pt"
+    assert place("auto", {**config, "seed": 1}, tmp_path / "new").path == tmp_path / "new"  # no run of that config
+
+    copied = tmp_path / "frames_64.pt"
+    copied.write_bytes(b"")
+    elsewhere = place(str(copied), config, tmp_path / "copy")
+    assert (elsewhere.path, elsewhere.checkpoint, elsewhere.in_place) == (tmp_path / "copy", copied, False)

@@ -26,7 +26,6 @@ learner why through the store before it leaves, and the learner fails at once, n
 
 from __future__ import annotations
 
-import fcntl
 import functools
 import json
 import os
@@ -560,8 +559,10 @@ def _ended_status(run_dir: Path) -> str | None:
     """The status the run in ``run_dir`` ended with, or None while it lives or before it started.
     It is over once its lock is free (the kernel frees a killed run's) and it left a summary.json
     or a sync.json; a sync.json newer than its summary.json is a session that wrote none (killed)."""
+    from rltrain.run_dir import lock_held  # listeners only: collector ranks import this module too
+
     summary, contact = run_dir / SUMMARY_FILE, run_dir / CONTACT_FILE
-    if not (summary.exists() or contact.exists()) or _lock_held(run_dir):
+    if not (summary.exists() or contact.exists()) or lock_held(run_dir):
         return None
     unknown = f"unknown: its process is gone without writing {SUMMARY_FILE} (killed?)"
     try:
@@ -583,25 +584,6 @@ def _ended_message(run_dir: Path, status: str, listening: bool = False) -> str:
         "sync=distributed sync.listeners>=1)")
     return (f"{ended}{no_contact}, so there is nothing to listen to: start the run first (listen() waits for it), "
             "or point listen() at a live run's dir")
-
-
-def _lock_held(run_dir: Path) -> bool:
-    """Whether a live process holds the run dir's lock (RunDirLock: an flock the kernel drops when
-    its holder dies). Probed with a shared lock, dropped at once; a live run's is never free, so
-    the probe only meets a run starting in a dir whose run is over, for a few microseconds."""
-    from rltrain.run_dir import LOCK_FILE  # listeners only: collector ranks import this module too
-
-    try:
-        fd = os.open(run_dir / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:  # released (RunDirLock.release removes it), or never taken
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError:  # held (or a file system that cannot tell: then the waits' timeouts still end them)
-        return True
-    finally:
-        os.close(fd)
-    return False
 
 
 def _read_json(path: Path) -> dict | None:
