@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,21 @@ def start(args: list[str], cwd: Path, merge: bool = False, env: dict | None = No
     return subprocess.Popen([sys.executable, *args], cwd=cwd, env={**ENV, **(env or {})}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT if merge else subprocess.PIPE, text=True,
                             start_new_session=True)
+
+
+@contextmanager
+def run_and_listener(args: list[str], run_dir: Path, heard: str, env: dict | None = None):
+    """The run ``args`` start and a listener at its dir, once the listener printed ``heard``; both
+    stopped (with whatever of their sessions is left) afterwards."""
+    run, waiting = start(args, run_dir.parent, merge=True, env=env), None
+    try:
+        wait_for_file(run_dir / "sync.json")
+        waiting = start(["-c", LISTENER, str(run_dir)], run_dir.parent)
+        wait_for_line(waiting, heard)
+        yield run, waiting
+    finally:
+        stop(run)
+        stop(waiting)
 
 
 def stop(proc: subprocess.Popen | None) -> None:
@@ -215,18 +231,11 @@ def test_a_listener_waiting_for_a_run_that_fails_to_start_says_so(tmp_path):
 
 def test_a_listener_whose_run_is_killed_mid_way_says_so_and_exits(tmp_path):
     run_dir = tmp_path / "run"
-    run = start(["-m", "rltrain", *LISTENED, "sync.timeout_s=120", "trainer.total_frames=10000000",
-                 f"hydra.run.dir={run_dir}"], tmp_path, merge=True)
-    waiting = None
-    try:
-        wait_for_file(run_dir / "sync.json")
-        waiting = start(["-c", LISTENER, str(run_dir)], tmp_path)
-        wait_for_line(waiting, "version")
+    learner = ["-m", "rltrain", *LISTENED, "sync.timeout_s=120", "trainer.total_frames=10000000",
+               f"hydra.run.dir={run_dir}"]
+    with run_and_listener(learner, run_dir, "version") as (run, waiting):
         stop(run)
         _, err = waiting.communicate(timeout=60)
-    finally:
-        stop(run)
-        stop(waiting)
     assert waiting.returncode == 1, err[-3000:]  # not aborted (134) by a group torn down as it exits
     assert last_line(err) == (
         f"rltrain.errors.SyncError: sync=distributed: the run at {run_dir} has ended with status 'unknown: its "
@@ -242,20 +251,12 @@ def test_a_listener_hears_a_run_end_while_its_learner_lives_on(end, tmp_path):
     # listener, holding version 2, waits for the next push.
     run_dir = tmp_path / "run"
     how = ["sync.every=null"] if end == "completed" else []
-    learner = start(["-c", NOTEBOOK_LEARNER, str(run_dir), *LISTENED, "sync.timeout_s=120",
-                     "trainer.total_frames=4096", *how], tmp_path, merge=True,
-                    env={"FAIL_AT": "3" if end == "failed" else "0"})
-    waiting = None
-    try:
-        wait_for_file(run_dir / "sync.json")
-        waiting = start(["-c", LISTENER, str(run_dir)], tmp_path)
-        wait_for_line(waiting, "connected")
+    args = ["-c", NOTEBOOK_LEARNER, str(run_dir), *LISTENED, "sync.timeout_s=120", "trainer.total_frames=4096", *how]
+    with run_and_listener(args, run_dir, "connected", env={"FAIL_AT": "3" if end == "failed" else "0"}) as (
+            learner, waiting):
         (run_dir / "go").touch()
         wait_for_line(learner, "fit returned")
         out, err = waiting.communicate(timeout=60)  # it would otherwise wait days for the next push
-    finally:
-        stop(learner)
-        stop(waiting)
     if end == "completed":  # nothing more will come: the listener has simply ended
         assert waiting.returncode == 0, err[-3000:]
         assert "ended at version -1" in out

@@ -17,17 +17,13 @@ from rltrain.loggers.base import Logger
 
 
 class TensorboardLogger(Logger):
-    """Writes ``<run_dir>/<subdir>/events.out.tfevents.*`` through torch's SummaryWriter."""
+    """Writes ``<run_dir>/<subdir>/events.out.tfevents.*`` (``subdir``: where in the run dir the event
+    files go) through torch's SummaryWriter."""
 
     REQUIRES = {"tensorboard": "pip install 'rltrain[tensorboard]'"}
 
-    def __init__(
-        self,
-        run_dir: str | Path,
-        config: dict | None = None,
-        subdir: str = "tensorboard",  # where in the run dir the event files go
-        resume: dict | None = None,
-    ):
+    def __init__(self, run_dir: str | Path, config: dict | None = None, subdir: str = "tensorboard",
+                 resume: dict | None = None):
         self.log_dir = Path(run_dir) / subdir
         self._config = config
         self._resume_frames = None if resume is None else resume["frames"]
