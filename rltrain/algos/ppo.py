@@ -43,9 +43,11 @@ class PendingEpochs(Pending):
     old_value: torch.Tensor
     advantages: torch.Tensor
     returns: torch.Tensor
-    epoch: int = 0  # the epoch under way
-    perm: torch.Tensor | None = None  # its shuffle of the samples (None: not drawn yet)
-    next: int = 0  # its next minibatch of that shuffle
+    # Where a stop request interrupted the epochs (``update`` sets them as it returns): the epoch,
+    # its shuffle of the samples (None: not drawn yet) and the first of its minibatches not taken.
+    epoch: int = 0
+    perm: torch.Tensor | None = None
+    next: int = 0
     losses: list[torch.Tensor] = field(default_factory=list)  # each step's (policy, value, entropy) loss
     diagnostics: list[torch.Tensor] = field(default_factory=list)  # each epoch's (approx KL, clip fraction)
 
