@@ -123,7 +123,7 @@ def test_sign_reward_trains_on_reward_signs_and_is_refused_where_the_algo_cannot
                         "terminated": torch.tensor([[False], [False], [True]]),
                         "done": torch.tensor([[False], [False], [True]]),
                         "next": {"observation": torch.zeros(steps, 1, 4)}}, batch_size=[steps, 1])
-    returns = ppo._prepare(batch)["returns"]
+    returns = ppo._prepare(batch).returns
     torch.testing.assert_close(returns, torch.tensor([1 - 0.5, -1.0, 0.0]))  # sign(5) + 0.5 sign(-0.2), ...
     with pytest.raises(ConfigError, match="env.sign_reward=true, but algo=SAC does not transform rewards"):
         build(make_config("algo=sac", "env=pendulum", "env.sign_reward=true"), run_dir=tmp_path / "sac")

@@ -1,14 +1,16 @@
 """Proximal Policy Optimization with the clipped surrogate objective (Schulman et al. 2017).
 
 Read top to bottom: hyperparameters, then ``update``: values and GAE advantages for the whole
-batch (``_prepare``), then ``epochs`` passes of shuffled minibatches over the clipped policy loss,
-the (optionally clipped) value loss and the entropy bonus (``_optimize``). A stop request between
-two minibatches keeps the rest of the update in ``state_dict``, so a resumed run finishes it.
+batch (``_prepare``), then ``epochs`` passes of shuffled minibatches, each one gradient step on the
+clipped policy loss, the (optionally clipped) value loss and the entropy bonus (``_loss``). A stop
+request between two minibatches keeps the rest of the update (``PendingEpochs``) in ``state_dict``,
+so a resumed run finishes it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,7 +20,7 @@ from rltrain.algos import optimizers
 from rltrain.algos.advantages import gae
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
-from rltrain.algos.pending import to_device
+from rltrain.algos.pending import Pending
 from rltrain.algos.update_step import UpdateStep, compile_enabled, cuda_graph_enabled, plain
 from rltrain.device import to_learner
 from rltrain.envs.normalization import ReturnNormalizer
@@ -28,6 +30,31 @@ if TYPE_CHECKING:
 
 # What the learner reads of a batch (the rest stays on the host, for the trainer's accounting).
 _LEARNER_KEYS = ["observation", "action", "log_prob", "reward", "terminated", "done", ("next", "observation")]
+
+
+@dataclass
+class PendingEpochs(Pending):
+    """The update under way: the batch as the epochs read it (flattened to samples, with its
+    advantages and returns), how far the epochs got, and what they measured so far."""
+
+    obs: torch.Tensor | TensorDict
+    action: torch.Tensor
+    old_log_prob: torch.Tensor
+    old_value: torch.Tensor
+    advantages: torch.Tensor
+    returns: torch.Tensor
+    # Where a stop request interrupted the epochs (``update`` sets them as it returns): the epoch,
+    # its shuffle of the samples (None: not drawn yet) and the first of its minibatches not taken.
+    epoch: int = 0
+    perm: torch.Tensor | None = None
+    next: int = 0
+    losses: list[torch.Tensor] = field(default_factory=list)  # each step's (policy, value, entropy) loss
+    diagnostics: list[torch.Tensor] = field(default_factory=list)  # each epoch's (approx KL, clip fraction)
+
+    def minibatch(self, idx: torch.Tensor) -> tuple:
+        """The samples ``idx``, as ``PPO._loss`` takes them."""
+        return (plain(self.obs[idx]), self.action[idx], self.old_log_prob[idx], self.advantages[idx],
+                self.returns[idx], self.old_value[idx])
 
 
 class PPO:
@@ -81,13 +108,14 @@ class PPO:
         self.reward_norm = ReturnNormalizer(gamma, clip_reward) if normalize_reward else None
         self.sign_reward = sign_reward
         self.frames = 0
-        self._pending: dict | None = None  # the update under way: its data and how far it got
+        self._pending: PendingEpochs | None = None  # the update under way, until it ends
 
     def state_dict(self, replay_buffer: bool = True) -> dict:
         """Everything a resumed run needs: weights (obs statistics included), optimizer, lr position,
         and the rest of an update that a stop request interrupted (PPO keeps no replay buffer)."""
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "frames": self.frames,
-                "nonfinite": self.guard.state_dict(), "pending": self._pending,
+                "nonfinite": self.guard.state_dict(),
+                "pending": self._pending.state_dict() if self._pending is not None else None,
                 "reward_norm": self.reward_norm.state_dict() if self.reward_norm else None}
 
     def load_state_dict(self, state: dict) -> None:
@@ -95,7 +123,7 @@ class PPO:
         optimizers.load_adam(self.optimizer, state["optimizer"])
         self.frames = state["frames"]
         self.guard.load_state_dict(state.get("nonfinite"))  # None from an older rltrain: counting starts now
-        self._pending = to_device(state.get("pending"), self.device)
+        self._pending = PendingEpochs.from_state_dict(state.get("pending"), self.device)
         if self.reward_norm is not None and state.get("reward_norm") is not None:
             self.reward_norm.load_state_dict(state["reward_norm"])
 
@@ -107,9 +135,51 @@ class PPO:
         """
         if batch is not None:
             self._pending = self._prepare(batch)
-        return self._optimize(self._pending, should_stop)
+        p = self._pending  # a resumed update goes on from its epoch, shuffle and minibatch
+        for epoch in range(p.epoch, self.epochs):
+            if p.perm is None:
+                p.perm = torch.randperm(p.obs.shape[0], device=self.device)
+            minibatches = p.perm.split(self.minibatch_size)
+            for k in range(p.next, len(minibatches)):
+                if should_stop():
+                    p.epoch, p.next = epoch, k
+                    return None
+                parts, ratio, log_ratio = self._step(p, minibatches[k])
+                p.losses.append(parts)
 
-    def _prepare(self, batch: TensorDict) -> dict:
+            # Diagnostics on the epoch's last minibatch (per minibatch they would cost ~5% of the update).
+            with torch.no_grad():
+                approx_kl = ((ratio - 1) - log_ratio).mean()  # the low-variance k3 estimator
+                clip_fraction = ((ratio - 1).abs() > self.clip_coef).float().mean()
+            p.diagnostics.append(torch.stack([approx_kl, clip_fraction]))
+            p.perm, p.next = None, 0
+            if self.target_kl is not None and approx_kl.item() > self.target_kl:
+                break
+        self._pending = None
+
+        # Fold this batch into the observation statistics only now, so the epochs above used the
+        # same normalization the collector acted with; the next push carries the new statistics.
+        self.policy.encoder.update(p.obs)
+
+        mean = torch.stack(p.losses).mean(0).tolist() + torch.stack(p.diagnostics).mean(0).tolist()
+        returns, old_value = p.returns, p.old_value
+        explained_var = 1 - (returns - old_value).var() / returns.var().clamp_min(1e-8)
+        metrics = {
+            "loss/policy": mean[0],
+            "loss/value": mean[1],
+            "loss/entropy": mean[2],
+            "ppo/approx_kl": mean[3],
+            "ppo/clip_fraction": mean[4],
+            "ppo/explained_variance": explained_var.item(),
+            "ppo/lr": float(self.optimizer.param_groups[0]["lr"]),
+        }
+        if self.reward_norm is not None:
+            metrics["ppo/reward_scale"] = self.reward_norm.scale
+        if skipped := self.guard.report():
+            metrics["nonfinite/skipped_steps"] = skipped
+        return metrics
+
+    def _prepare(self, batch: TensorDict) -> PendingEpochs:
         """The lr schedule's step, values and GAE advantages for the whole batch, flattened."""
         if self.anneal_lr:
             optimizers.set_lr(self.optimizer, self.lr * max(1.0 - self.frames / self.total_frames, 0.0))
@@ -131,9 +201,8 @@ class PPO:
             advantages = gae(reward, value, next_value, batch["terminated"], batch["done"], self.gamma, self.gae_lambda)
             returns = advantages + value
         obs, action = obs.flatten(0, 1), action.flatten(0, 1)
-        return {"obs": obs, "action": action, "old_log_prob": batch["log_prob"].flatten(), "old_value": value.flatten(),
-                "advantages": advantages.flatten(), "returns": returns.flatten(),
-                "epoch": 0, "perm": None, "next": 0, "losses": [], "diagnostics": []}
+        return PendingEpochs(obs, action, batch["log_prob"].flatten(), value.flatten(), advantages.flatten(),
+                             returns.flatten())
 
     def _loss(self, obs, action: torch.Tensor, old_log_prob: torch.Tensor, adv: torch.Tensor, returns: torch.Tensor,
               old_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -158,14 +227,9 @@ class PPO:
         loss = policy_loss - self.ent_coef * entropy_loss + self.vf_coef * value_loss
         return loss, torch.stack([policy_loss, value_loss, entropy_loss]).detach(), ratio, log_ratio
 
-    def _step(self, p: dict, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """One gradient step on the minibatch ``idx`` of the pending update ``p``."""
-        return self._run(*self._minibatch(p, idx))
-
-    def _minibatch(self, p: dict, idx: torch.Tensor) -> tuple:
-        """The minibatch ``idx`` of the pending update, as ``_minibatch_step``'s inputs."""
-        return (plain(p["obs"][idx]), p["action"][idx], p["old_log_prob"][idx], p["advantages"][idx],
-                p["returns"][idx], p["old_value"][idx])
+    def _step(self, p: PendingEpochs, idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One gradient step on the minibatch ``idx`` of the update ``p``: (the loss's parts, ratio, log ratio)."""
+        return self._run(*p.minibatch(idx))
 
     def _minibatch_step(self, *minibatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One gradient step on a minibatch: (the loss's parts, ratio, log ratio). Compiled and
@@ -177,48 +241,3 @@ class PPO:
         self.guard.check("ppo", loss, grad_norm=grad_norm)  # a NaN/inf step is skipped
         self.optimizer.step()
         return parts, ratio, log_ratio
-
-    def _optimize(self, p: dict, should_stop: Callable[[], bool]) -> dict | None:
-        """The epochs of minibatch steps, from where ``p`` (the pending update) got to."""
-        while p["epoch"] < self.epochs:
-            if p["perm"] is None:
-                p["perm"] = torch.randperm(p["obs"].shape[0], device=self.device)
-            minibatches = p["perm"].split(self.minibatch_size)
-            for k in range(p["next"], len(minibatches)):
-                if should_stop():
-                    p["next"] = k
-                    return None
-                parts, ratio, log_ratio = self._step(p, minibatches[k])
-                p["losses"].append(parts)
-
-            # Diagnostics on the epoch's last minibatch (per minibatch they would cost ~5% of the update).
-            with torch.no_grad():
-                approx_kl = ((ratio - 1) - log_ratio).mean()  # the low-variance k3 estimator
-                clip_fraction = ((ratio - 1).abs() > self.clip_coef).float().mean()
-            p["diagnostics"].append(torch.stack([approx_kl, clip_fraction]))
-            p["epoch"], p["perm"], p["next"] = p["epoch"] + 1, None, 0
-            if self.target_kl is not None and approx_kl.item() > self.target_kl:
-                break
-        self._pending = None
-
-        # Fold this batch into the observation statistics only now, so the epochs above used the
-        # same normalization the collector acted with; the next push carries the new statistics.
-        self.policy.encoder.update(p["obs"])
-
-        mean = torch.stack(p["losses"]).mean(0).tolist() + torch.stack(p["diagnostics"]).mean(0).tolist()
-        returns, old_value = p["returns"], p["old_value"]
-        explained_var = 1 - (returns - old_value).var() / returns.var().clamp_min(1e-8)
-        metrics = {
-            "loss/policy": mean[0],
-            "loss/value": mean[1],
-            "loss/entropy": mean[2],
-            "ppo/approx_kl": mean[3],
-            "ppo/clip_fraction": mean[4],
-            "ppo/explained_variance": explained_var.item(),
-            "ppo/lr": float(self.optimizer.param_groups[0]["lr"]),
-        }
-        if self.reward_norm is not None:
-            metrics["ppo/reward_scale"] = self.reward_norm.scale
-        if skipped := self.guard.report():
-            metrics["nonfinite/skipped_steps"] = skipped
-        return metrics

@@ -5,13 +5,15 @@ after ``warmup_frames``, runs ``utd`` gradient steps per collected frame. Each `
 the twin-Q target with the entropy term, the critics' loss, the actor's loss (min of the twin Qs),
 the temperature's loss, then the Polyak target update. Bootstrapping stops only on termination,
 not truncation (``("next", "observation")`` is the true final observation). A stop request between
-two gradient steps keeps the steps still owed in ``state_dict``, so a resumed run finishes them.
+two gradient steps keeps the steps still owed (``PendingSteps``) in ``state_dict``, so a resumed run
+finishes them.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,7 +21,7 @@ import torch
 from rltrain.algos import optimizers
 from rltrain.algos.finite import NonFiniteGuard
 from rltrain.algos.networks import SquashedGaussianActor, TwinQ
-from rltrain.algos.pending import to_device
+from rltrain.algos.pending import Pending
 from rltrain.algos.update_step import UpdateStep, compile_enabled, cuda_graph_enabled, plain
 from rltrain.data import ReplayBuffer
 from rltrain.device import to_learner
@@ -28,6 +30,14 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
 _STORED_KEYS = ["observation", "action", "reward", "terminated", ("next", "observation")]
+
+
+@dataclass
+class PendingSteps(Pending):
+    """The update under way: the gradient steps a batch is owed, and the metrics of those taken so far."""
+
+    steps: int
+    metrics: list[torch.Tensor] = field(default_factory=list)  # one stacked row per step taken
 
 
 class SAC:
@@ -81,7 +91,7 @@ class SAC:
                                graphed, batch_size)
         self.frames = 0
         self._owed_steps = 0.0  # fractional gradient steps carried between batches
-        self._pending: dict | None = None  # the update under way: gradient steps left, metrics so far
+        self._pending: PendingSteps | None = None  # the update under way, until it ends
 
     def state_dict(self, replay_buffer: bool = True) -> dict:
         """Networks, targets, optimizers, temperature, counters and (optionally) the replay buffer."""
@@ -96,7 +106,7 @@ class SAC:
             "owed_steps": self._owed_steps,
             "nonfinite": self.guard.state_dict(),
             # The steps still owed sample the replay buffer: without it, a resumed run cannot run them.
-            "pending": self._pending if replay_buffer else None,
+            "pending": self._pending.state_dict() if self._pending is not None and replay_buffer else None,
         }
         if self.alpha_optimizer is not None:
             state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
@@ -118,7 +128,7 @@ class SAC:
         self.frames, self._owed_steps = state["frames"], state["owed_steps"]
         self.guard.load_state_dict(state.get("nonfinite"))  # None from an older rltrain: counting starts now
         # Without its replay buffer a checkpoint holds no interrupted update (see state_dict).
-        self._pending = to_device(state.get("pending"), self.device)
+        self._pending = PendingSteps.from_state_dict(state.get("pending"), self.device)
         if "replay_buffer" in state:
             self.buffer.load_state_dict(state["replay_buffer"])
 
@@ -129,16 +139,16 @@ class SAC:
         (after a resume from ``state_dict``) then runs the steps still owed.
         """
         if batch is not None:
-            self._pending = {"steps": self._store(batch), "metrics": []}
-        p = self._pending or {"steps": 0, "metrics": []}  # resumed mid-update, but without the buffer
-        while len(p["metrics"]) < p["steps"]:
+            self._pending = PendingSteps(self._store(batch))
+        p = self._pending or PendingSteps(0)  # resumed mid-update, but without the buffer
+        for _ in range(len(p.metrics), p.steps):
             if should_stop():
                 return None
-            p["metrics"].append(self._step())
+            p.metrics.append(self._step())
         self._pending = None
         metrics = {"sac/buffer_frames": len(self.buffer)}
-        if p["metrics"]:
-            mean = torch.stack(p["metrics"]).mean(0).tolist()
+        if p.metrics:
+            mean = torch.stack(p.metrics).mean(0).tolist()
             metrics |= {"loss/critic": mean[0], "loss/actor": mean[1], "loss/alpha": mean[2], "sac/alpha": mean[3],
                         "sac/q": mean[4], "sac/entropy": mean[5]}
         if skipped := self.guard.report():
