@@ -180,14 +180,32 @@ Flag = Annotated[bool, Boolean()]
 def parameter_rules(target: Callable) -> dict[str, Rule]:
     """Each parameter's rule, from the annotations of ``target`` (a function, or a class's
     ``__init__`` and those of its bases: the nearest one that states a rule for a parameter wins)."""
-    functions = ([vars(c)["__init__"] for c in reversed(target.__mro__) if "__init__" in vars(c)]
-                 if isinstance(target, type) else [target])
     rules: dict[str, Rule] = {}
-    for fn in functions:
-        for name, hint in _hints(inspect.unwrap(fn)).items():
+    for fn in _constructors(target):
+        for name, hint in _hints(fn).items():
             for rule in (m for m in getattr(hint, "__metadata__", ()) if isinstance(m, Rule)):
                 rules[name] = rule
     return rules
+
+
+def parameter_defaults(target: Callable) -> dict[str, Any]:
+    """Each parameter's default, from ``target`` as ``parameter_rules`` reads it (a subclass that
+    passes ``**kwargs`` up to its base has the base's defaults)."""
+    defaults = {}
+    for fn in _constructors(target):
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        defaults.update({p.name: p.default for p in params if p.default is not inspect.Parameter.empty})
+    return defaults
+
+
+def _constructors(target: Callable) -> list[Callable]:
+    """``target`` itself, or a class's ``__init__`` and its bases', the furthest base first."""
+    if not isinstance(target, type):
+        return [inspect.unwrap(target)]
+    return [inspect.unwrap(vars(c)["__init__"]) for c in reversed(target.__mro__) if "__init__" in vars(c)]
 
 
 def _hints(fn: Callable) -> dict[str, Any]:

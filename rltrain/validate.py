@@ -35,7 +35,7 @@ from rltrain.envs.vector import make_envs
 from rltrain.errors import ConfigError
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector, missing_members
-from rltrain.rules import Integer, Number, OneOf, Rule, Satisfies, parameter_rules
+from rltrain.rules import Integer, Number, OneOf, Rule, Satisfies, parameter_defaults, parameter_rules
 from rltrain.sync.base import WeightSyncScheme
 from rltrain.trainer import OBJECTIVES, Trainer
 
@@ -188,8 +188,7 @@ def _check_part(cfg: DictConfig, path: str, target, owner: str, runtime: Iterabl
     for key, value in values.items():
         if key in rules:
             rules[key].check(f"{path}.{key}", value)
-    defaults = {name: p.default for name, p in params.items() if p.default is not inspect.Parameter.empty}
-    return {**defaults, **values}
+    return {**parameter_defaults(target), **values}
 
 
 def _check_keys(prefix: str, keys: Iterable[str], known: Iterable[str], owner: str,
