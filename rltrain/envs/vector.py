@@ -28,7 +28,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
 
-from rltrain.envs.batched import NONFINITE, BatchedEnv, EnvBatch, resolve_env_spec, spec_from_spaces
+from rltrain.envs.batched import NONFINITE_RULE, BatchedEnv, EnvBatch, resolve_env_spec, spec_from_spaces
 from rltrain.envs.spaces import map_obs
 from rltrain.errors import ConfigError
 from rltrain.rules import OneOf, PositiveInt
@@ -204,7 +204,7 @@ class EnvPoolBatchedEnv(EnvBatch):
 
 def make_envs(id: str, num_envs: PositiveInt = 1, backend: Annotated[str, BACKEND] = "gymnasium",
               kwargs: dict | None = None, seed: int = 0, reward_threshold: float | None = None,
-              render_mode: str | None = None, nonfinite: Annotated[str, OneOf(NONFINITE)] = "error",
+              render_mode: str | None = None, nonfinite: Annotated[str, NONFINITE_RULE] = "error",
               wrappers: list[dict] | None = None) -> EnvBatch:
     """What the env configs build: ``num_envs`` envs of ``id`` on the chosen backend.
 
