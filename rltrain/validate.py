@@ -68,7 +68,8 @@ _PENDING_RULES: dict[type, dict[str, Rule]] = {DistributedCollector: {
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first problem found in ``cfg``."""
-    from rltrain.factory import ENV_TO_ALGO  # (not at the top: the factory imports this module)
+    # What build() injects and consumes itself, as the factory states it (imported here: the factory imports this).
+    from rltrain.factory import ENV_TO_ALGO, RUNTIME_ARGS, WIRING_KEYS
 
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -79,7 +80,7 @@ def validate(cfg: DictConfig) -> None:
     for key, rule in TOP_LEVEL_RULES.items():
         if key in resolved:
             rule.check(key, resolved[key])
-    parts = _check_parts(cfg)
+    parts = _check_parts(cfg, RUNTIME_ARGS, WIRING_KEYS)
     for key in ENV_TO_ALGO:  # env keys the algo receives: the algo's rule for them
         rule = parameter_rules(parts["algo"][0]).get(key)
         if rule is not None and key in cfg.env:
@@ -138,12 +139,11 @@ def _import_target(path: str, target: str):
         raise ConfigError(f"{path}._target_={target!r} cannot be imported: {e}{hint}") from None
 
 
-def _check_parts(cfg: DictConfig) -> dict[str, tuple[type, dict]]:
+def _check_parts(cfg: DictConfig, runtime_args: dict[str, Iterable[str]],
+                 wiring_keys: dict[str, set[str]]) -> dict[str, tuple[type, dict]]:
     """Every part's class, and its values (the node's over the constructor's defaults), by path;
     a ConfigError for a part that cannot be imported, lacks its interface, has a key its class
     does not take or a value its class refuses."""
-    from rltrain.factory import RUNTIME_ARGS, WIRING_KEYS  # (not at the top: the factory imports this module)
-
     parts = {}
     paths = [*((path, group) for path, group in PARTS.items()),
              *((f"{group}.{name}", group) for group in ("logger", "hooks") for name in (cfg.get(group) or {}))]
@@ -162,11 +162,11 @@ def _check_parts(cfg: DictConfig) -> dict[str, tuple[type, dict]]:
                               f"{interface.__name__} interface; add them (see {interface.__module__}."
                               f"{interface.__name__}, which says what each does)")
         parts[path] = (target, _check_part(cfg, path, target, f"a parameter of {node._target_}",
-                                           RUNTIME_ARGS.get(group or path, ()), WIRING_KEYS.get(path, set())))
+                                           runtime_args.get(group or path, ()), wiring_keys.get(path, set())))
     if isinstance(cfg.get("trainer"), DictConfig):  # the trainer's keys are its constructor's arguments
         parts["trainer"] = (Trainer, _check_part(cfg, "trainer", Trainer,
                                                  "a key of trainer (the arguments of rltrain.Trainer)",
-                                                 RUNTIME_ARGS["trainer"], set()))
+                                                 runtime_args["trainer"], set()))
     return parts
 
 

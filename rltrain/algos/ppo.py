@@ -77,8 +77,7 @@ class PPO:
         nonfinite: NonFinite = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
         sign_reward: Flag = False,  # set from env.sign_reward: learn from sign(reward) (Atari's reward clipping)
         normalize_reward: Flag = False,  # set from env.normalize_reward: rewards / std of the discounted return
-        # set from env.clip_reward: normalized rewards clipped to +-this
-        clip_reward: Annotated[float | None, Number(above=0, null="no clip")] = 10.0,
+        clip_reward: Annotated[float | None, Number(above=0, null="no clip")] = 10.0,  # env.clip_reward: +-this bound
         compile: Switch = "auto",  # torch.compile each minibatch step; auto: on a CUDA learner only
         cuda_graph: Switch = "auto",  # replay each minibatch step as one CUDA graph; auto: on a CUDA learner
     ):
