@@ -15,21 +15,26 @@ A class of your own (``algo._target_``, ``collector._target_``, ``hooks.x._targe
 its rules the same way and gets the same one-line errors before anything starts::
 
     from typing import Annotated
+    from rltrain.algos import PPO
     from rltrain.errors import ConfigError
-    from rltrain.rules import InRange, OneOf, PositiveInt
+    from rltrain.rules import InRange, NonNegativeNumber
 
-    class MyAlgo:
-        def __init__(self, policy, total_frames: int, horizon: PositiveInt = 8,
-                     mix: Annotated[float, InRange(0, 1)] = 0.5,
-                     loss: Annotated[str, OneOf(("l1", "l2"))] = "l2"): ...
+    class KLPenaltyPPO(PPO):  # PPO's parameters keep PPO's rules
+        def __init__(self, *args, kl_coef: NonNegativeNumber = 0.0,
+                     kl_decay: Annotated[float, InRange(0, 1)] = 1.0, **kwargs): ...
 
         @classmethod
         def check_config(cls, values: dict, config: dict) -> None:
-            if values["horizon"] > config["collector"]["frames_per_batch"]:
-                raise ConfigError("algo.horizon must be at most collector.frames_per_batch")
+            super().check_config(values, config)
+            if values["kl_decay"] < 1 and values["kl_coef"] == 0:
+                raise ConfigError("algo.kl_decay < 1 decays a penalty of 0; set algo.kl_coef > 0 too")
 
-    python -m rltrain algo._target_=my_pkg.MyAlgo algo.horizon=0
-    -> rltrain: config error: algo.horizon must be an integer >= 1 (got 0)
+    python -m rltrain algo._target_=my_pkg.KLPenaltyPPO +algo.kl_coef=-1
+    -> rltrain: config error: algo.kl_coef must be a number >= 0 (got -1)
+
+The markers: ``Integer(n)``, ``Number(above=x)`` / ``Number(at_least=x)``, ``InRange(lo, hi)``,
+``OneOf(choices)``, ``Boolean()``, ``IntegerList()``, ``Satisfies(test, "what is allowed")``
+(``null=`` lets null through), and the shorthands below (``PositiveInt``, ``Flag``, ...).
 
 A constructor that must also refuse a value when it is built outside a config (from Python) calls
 the same rule: ``SLOTS.check("sync.slots", slots)``, not a second copy of it.
