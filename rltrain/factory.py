@@ -35,10 +35,28 @@ from rltrain.run_dir import RunDirLock, place
 from rltrain.state import TrainState
 from rltrain.sync.distributed import CONTACT_FILE
 from rltrain.trainer import Trainer, summarize, write_summary
-from rltrain.validate import ENV_TO_ALGO, WIRING_KEYS, validate
+from rltrain.validate import validate
 
 log = logging.getLogger("rltrain")
 _SETUP = "setup"  # rank 0 -> collector ranks: the run dir, weights version and seed (or why it was refused)
+
+# What build() wires, stated once (the config check reads these too). env keys that go to the algo
+# (the learner scales rewards, whichever process stepped the env):
+ENV_TO_ALGO = ("sign_reward", "normalize_reward", "clip_reward")
+# Keys of a node that build() consumes itself rather than passing to the node's _target_:
+WIRING_KEYS = {"algo": {"network"}, "env": set(ENV_TO_ALGO)}
+# The runtime objects build() passes to each group's constructors (by name, to those that ask for
+# them); a config must not set them. Every injection below goes through ``_runtime``, which holds it to this.
+RUNTIME_ARGS = {
+    "env": ("seed",),
+    "algo": ("policy", "total_frames", "device", *ENV_TO_ALGO),
+    "algo.network": ("env_spec",),
+    "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender"),
+    "logger": ("run_dir", "config", "resume"),
+    "hooks": ("policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
+              "config"),
+    "trainer": ("collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock"),
+}
 
 
 class RefusedByLearner(Exception):
@@ -104,9 +122,9 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
     device = resolve_device(cfg.device)
 
     # Plain functools.partial factories of plain values: they pickle into spawned worker processes.
-    make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), seed=cfg.seed)
+    make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), **_runtime("env", seed=cfg.seed))
     env_spec = _probe_spec(make_env)
-    make_policy = _plain_partial(cfg.algo.network, env_spec=env_spec)
+    make_policy = _plain_partial(cfg.algo.network, **_runtime("algo.network", env_spec=env_spec))
 
     with ExitStack() as cleanup:
         policy = make_policy().to(device)
@@ -114,8 +132,8 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         # (clip_reward only with normalize_reward). Logged episode returns stay the env's own.
         reward_scaling = {k: cfg.env[k] for k in ENV_TO_ALGO
                           if k in cfg.env and cfg.env.get("sign_reward" if k == "sign_reward" else "normalize_reward")}
-        algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), policy=policy, device=device,
-                          total_frames=cfg.trainer.total_frames, **reward_scaling)
+        algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), **_runtime(
+            "algo", policy=policy, device=device, total_frames=cfg.trainer.total_frames, **reward_scaling))
         restore.algo(algo, resolved)
         scheme = _construct(cfg.sync)
         sender = restore.sender(scheme, policy)
@@ -125,24 +143,23 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         sender.start()
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
-        collector = _instantiate_with(cfg.collector, make_env=make_env, make_policy=make_policy,
-                                      make_receiver=scheme.receiver, env_spec=env_spec, seed=cfg.seed + restore.frames,
-                                      sender=sender)
+        collector = _instantiate_with(cfg.collector, **_runtime(
+            "collector", make_env=make_env, make_policy=make_policy, make_receiver=scheme.receiver, env_spec=env_spec,
+            seed=cfg.seed + restore.frames, sender=sender))
         cleanup.callback(collector.close)
         restore.collector(collector)
 
         loggers = _build_loggers(cfg, run_dir, resolved, restore, cleanup)
-        runtime = {"policy": policy, "sender": sender, "sync": scheme, "loggers": loggers, "device": device,
-                   "make_env": functools.partial(make_env, seed=cfg.seed + 1_000_000),
-                   "env_spec": env_spec, "run_dir": run_dir, "algo": algo, "collector": collector,
-                   "config": resolved}
+        runtime = _runtime("hooks", policy=policy, sender=sender, sync=scheme, loggers=loggers, device=device,
+                           make_env=functools.partial(make_env, seed=cfg.seed + 1_000_000), env_spec=env_spec,
+                           run_dir=run_dir, algo=algo, collector=collector, config=resolved)
         hooks = {name: _instantiate_with(node, **runtime) for name, node in (cfg.get("hooks") or {}).items()}
 
         trainer_args = OmegaConf.to_container(cfg.trainer)  # the trainer's keys are its arguments
         if trainer_args.get("stop_at_return") == "auto":
             trainer_args["stop_at_return"] = env_spec.reward_threshold
-        trainer = Trainer(collector, algo, hooks, loggers, run_dir, max_lag=collector.max_lag, run_dir_lock=lock,
-                          **trainer_args)
+        trainer = Trainer(**_runtime("trainer", collector=collector, algo=algo, hooks=hooks, loggers=loggers,
+                                     run_dir=run_dir, max_lag=collector.max_lag, run_dir_lock=lock), **trainer_args)
         restore.trainer(trainer)
         cleanup.pop_all()
     log.info("run dir %s | %s on %s | %s collector | device %s%s", run_dir, type(algo).__name__, env_spec.id,
@@ -196,9 +213,18 @@ def _build_loggers(cfg: DictConfig, run_dir: Path, config: dict, restore: checkp
     cleanup.callback(loggers[-1].close)
     for node in (cfg.get("logger") or {}).values():
         resume = restore.logger(get_class(node._target_))
-        loggers.append(_instantiate_with(node, run_dir=run_dir, config=config, resume=resume))
+        loggers.append(_instantiate_with(node, **_runtime("logger", run_dir=run_dir, config=config, resume=resume)))
         cleanup.callback(loggers[-1].close)
     return loggers
+
+
+def _runtime(group: str, **objects) -> dict:
+    """``objects``, the runtime arguments of ``group``'s constructors, if RUNTIME_ARGS states each of
+    them (the config check refuses a config that sets one: the two cannot drift apart)."""
+    unstated = set(objects) - set(RUNTIME_ARGS[group])
+    if unstated:
+        raise TypeError(f"build() injects {', '.join(sorted(unstated))} into {group}: add it to RUNTIME_ARGS")
+    return objects
 
 
 def _plain_partial(node: DictConfig, **kwargs) -> functools.partial:

@@ -14,7 +14,7 @@ import logging
 import signal
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from tensordict import TensorDict
 
@@ -24,11 +24,15 @@ from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
 from rltrain.loggers.files import json_safe
 from rltrain.protocols import Algo, Collector
+from rltrain.rules import PositiveInt, Satisfies, finite_number
 from rltrain.run_dir import RunDirLock
 from rltrain.state import TrainState
 from rltrain.stop_signals import StopRequested
 
 log = logging.getLogger("rltrain")
+# trainer.stop_at_return; build() turns auto into the env's reward threshold.
+STOP_AT_RETURN = Satisfies(lambda v: v is None or v == "auto" or finite_number(v),
+                           "a number, auto (the env's reward threshold) or null (never stop early)")
 
 
 class Trainer:
@@ -39,9 +43,9 @@ class Trainer:
         hooks: Mapping[str, Hook],
         loggers: list[Logger],
         run_dir: str | Path,
-        total_frames: int,
-        stop_at_return: float | None = None,
-        return_window: int = 10,
+        total_frames: PositiveInt,
+        stop_at_return: Annotated[float | None, STOP_AT_RETURN] = None,
+        return_window: PositiveInt = 10,
         max_lag: int | None = None,
         run_dir_lock: RunDirLock | None = None,
     ):

@@ -1,5 +1,9 @@
 """Checks a composed config before anything is built: every problem is a ConfigError naming
-the key, the value and what is allowed. Nothing here starts a process or writes a file."""
+the key, the value and what is allowed. Nothing here starts a process or writes a file.
+
+Each part states its own rules (``rltrain.rules``: annotated constructor parameters, and a
+``check_config`` classmethod for combinations); this walks the config's parts and asks each.
+"""
 
 from __future__ import annotations
 
@@ -8,30 +12,30 @@ import importlib
 import importlib.util
 import inspect
 import math
-import numbers
 import re
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rltrain import distributed
-from rltrain.algos.finite import MODES as NONFINITE_ALGO
-from rltrain.algos.networks import ACTIVATIONS
 from rltrain.algos.update_step import compile_enabled, cuda_graph_enabled
+from rltrain.collectors.batch import MaxLag, batch_steps
 from rltrain.collectors.distributed import MODES as DISTRIBUTED_MODES
+from rltrain.collectors.distributed import DistributedCollector
+from rltrain.collectors.pool import StartMethod
 from rltrain.device import DEVICES, resolve_device
-from rltrain.envs.batched import NONFINITE as NONFINITE_ENV
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.envs.spaces import flat_leaves
-from rltrain.envs.vector import BACKENDS, make_envs
+from rltrain.envs.vector import make_envs
 from rltrain.errors import ConfigError
-from rltrain.hooks.base import SCHEDULE_UNITS
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector, missing_members
+from rltrain.rules import Integer, Number, OneOf, Rule, Satisfies, parameter_defaults, parameter_rules
 from rltrain.sync.base import WeightSyncScheme
 from rltrain.trainer import OBJECTIVES, Trainer
 
@@ -44,152 +48,51 @@ INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger}
 # else there is a typo (``+trainer.total_frame=...`` adds a key nothing reads); ``hydra`` is Hydra's.
 TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "objective", "trainer", "algo", "env", "collector", "sync",
                   "logger", "hooks", "hydra")
-# env keys that build() hands to the algo (the learner scales rewards, whichever process stepped the env).
-ENV_TO_ALGO = ("sign_reward", "normalize_reward", "clip_reward")
-# Keys that build() consumes itself rather than passing to the node's _target_.
-WIRING_KEYS = {"algo": {"network"}, "env": set(ENV_TO_ALGO)}
-# Arguments build() passes at instantiate time; a config must not set them.
-RUNTIME_ARGS = {
-    "env": {"seed"},
-    "algo": {"policy", "total_frames", "device", *ENV_TO_ALGO},
-    "algo.network": {"env_spec"},
-    "collector": {"make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender"},
-    "logger": {"run_dir", "config", "resume"},
-    "hooks": {"policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo",
-              "collector", "config"},
-    "trainer": {"collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock"},
+# The top-level values belong to no part (``device``: _check_device).
+TOP_LEVEL_RULES: dict[str, Rule] = {
+    "seed": Integer(0),
+    "objective": OneOf(OBJECTIVES, f"one of {', '.join(OBJECTIVES)} (the summary.json value a sweeper optimizes)"),
+    "threads": Integer(1, null=""),
+    "resume": Satisfies(lambda v: v is None or (isinstance(v, str) and v != ""),
+                        "null, auto, or the path of a run dir or checkpoint file"),
 }
-
-
-def _number(v) -> bool:
-    """A finite int or float (not a bool): inf and nan pass no rule that asks for a number."""
-    return isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _positive(v) -> bool:
-    return _number(v) and v > 0
-
-
-def _positive_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 1
-
-
-def _non_negative_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
-
-
-def _non_negative(v) -> bool:
-    return _number(v) and v >= 0
-
-
-def _unit(v) -> bool:
-    return _number(v) and 0 <= v <= 1
-
-
-# (key, check, what is allowed, optional hint). A rule applies when its key is in the config.
-RULES: list[tuple[str, Callable, str, str]] = [
-    ("seed", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", ""),
-    ("objective", lambda v: v in OBJECTIVES, " or ".join(OBJECTIVES),
-     "; it names the summary.json value a sweeper optimizes"),
-    ("threads", lambda v: v is None or _positive_int(v), "an integer >= 1 or null", ""),
-    ("trainer.total_frames", _positive_int, "an integer >= 1", ""),
-    ("trainer.return_window", _positive_int, "an integer >= 1", ""),
-    ("trainer.stop_at_return", lambda v: v is None or v == "auto" or _number(v),
-     "a number, auto (the env's reward threshold) or null (never stop early)", ""),
-    ("env.num_envs", _positive_int, "an integer >= 1", ""),
-    ("env.nonfinite", lambda v: v in NONFINITE_ENV, " or ".join(NONFINITE_ENV), ""),
-    ("env.normalize_reward", lambda v: isinstance(v, bool), "true or false", ""),
-    ("env.sign_reward", lambda v: isinstance(v, bool), "true or false", ""),
-    ("env.clip_reward", lambda v: v is None or _positive(v), "a number > 0, or null (no clip)", ""),
-    ("algo.nonfinite", lambda v: v in NONFINITE_ALGO, " or ".join(NONFINITE_ALGO), ""),
-    ("collector.frames_per_batch", _positive_int, "an integer >= 1", ""),
-    ("collector.workers", _positive_int, "an integer >= 1", ""),
-    ("collector.envs_per_worker", _positive_int, "an integer >= 1", ""),
-    ("collector.envs_per_rank", _positive_int, "an integer >= 1", ""),
-    ("collector.workers_per_rank", _non_negative_int, "an integer >= 0 (0: a rank steps its envs itself)", ""),
-    ("collector.mode", lambda v: v in DISTRIBUTED_MODES, " or ".join(DISTRIBUTED_MODES), ""),
-    ("sync.listeners", _non_negative_int, "an integer >= 0", ""),
-    ("sync.bucket_mb", _positive, "a number > 0", ""),
-    ("collector.max_lag", lambda v: v is None or (isinstance(v, int) and v >= 0), "an integer >= 0 or null", ""),
-    ("collector.start_method", lambda v: v in ("spawn", "forkserver", "fork"), "spawn, forkserver or fork", ""),
-    ("collector.timeout_s", _positive, "a number > 0", ""),
-    ("sync.every", lambda v: v is None or _positive_int(v), "an integer >= 1, or null (never push)", ""),
-    ("sync.timeout_s", _positive, "a number > 0", ""),
-    ("sync.slots", lambda v: _positive_int(v) and v >= 2, "an integer >= 2", ""),
-    ("algo.lr", _positive, "a number > 0", ""),
-    ("algo.gamma", lambda v: _unit(v) and v > 0, "a number in (0, 1]", ""),
-    ("algo.gae_lambda", _unit, "a number in [0, 1]", ""),
-    ("algo.epochs", _positive_int, "an integer >= 1", ""),
-    ("algo.minibatch_size", _positive_int, "an integer >= 1", ""),
-    ("algo.clip_coef", _positive, "a number > 0", ""),
-    ("algo.vf_coef", _non_negative, "a number >= 0", ""),
-    ("algo.ent_coef", _non_negative, "a number >= 0", ""),
-    ("algo.max_grad_norm", _positive, "a number > 0", ""),
-    ("algo.target_kl", lambda v: v is None or _positive(v), "a number > 0 or null", ""),
-    ("algo.adam_eps", _positive, "a number > 0", ""),
-    ("algo.critic_lr", _positive, "a number > 0", ""),
-    ("algo.tau", lambda v: _unit(v) and v > 0, "a number in (0, 1]", ""),
-    ("algo.batch_size", _positive_int, "an integer >= 1", ""),
-    ("algo.utd", _positive, "a number > 0", ""),
-    ("algo.warmup_frames", lambda v: isinstance(v, int) and v >= 0, "an integer >= 0", ""),
-    ("algo.buffer_size", _positive_int, "an integer >= 1", ""),
-    ("algo.alpha", _positive, "a number > 0", ""),
-    ("algo.critic_hidden_sizes", lambda v: len(v) > 0 and all(_positive_int(h) for h in v),
-     "a non-empty list of integers >= 1", ""),
-    ("algo.network.hidden_sizes", lambda v: isinstance(v, list) and all(_positive_int(h) for h in v),
-     "a list of integers >= 1 ([] for a single linear layer over the features, PPO only)", ""),
-    ("algo.network.activation", lambda v: v in ACTIVATIONS, f"one of {', '.join(ACTIVATIONS)}", ""),
-    ("resume", lambda v: v is None or (isinstance(v, str) and v != ""),
-     "null, auto, or the path of a run dir or checkpoint file", ""),
-    ("hooks.eval.episodes", _positive_int, "an integer >= 1", ""),
-    ("hooks.eval.video", lambda v: isinstance(v, bool), "true or false", ""),
-    ("env.backend", lambda v: v in BACKENDS, f"one of {', '.join(BACKENDS)}", ""),
-    ("hooks.checkpoint.keep_last", _positive_int, "an integer >= 1", ""),
-    ("hooks.checkpoint.replay_buffer", lambda v: isinstance(v, bool), "true or false", ""),
-    ("hooks.timing.cuda_sync", lambda v: isinstance(v, bool), "true or false", ""),
-    ("algo.compile", lambda v: v in (True, False, "auto"), "true, false or auto (on with device=cuda)", ""),
-    ("algo.cuda_graph", lambda v: v in (True, False, "auto"), "true, false or auto (on with device=cuda)", ""),
-    ("hooks.progress.bar", lambda v: v in (True, False, "auto"), "auto, true or false", ""),
-]
+# The parts with a _target_ (logger and hooks: one per name below them); None: may be left out.
+PARTS = {"env": "env", "algo": "algo", "algo.network": None, "collector": "collector", "sync": "sync"}
+# collector=distributed's rules until rltrain/collectors/distributed.py annotates its parameters itself
+# (issue 24: the lead moves them there at merge, then this goes).
+_PENDING_RULES: dict[type, dict[str, Rule]] = {DistributedCollector: {
+    "frames_per_batch": Integer(1), "envs_per_rank": Integer(1),
+    "workers_per_rank": Integer(0, note="0: a rank steps its envs itself"), "mode": OneOf(DISTRIBUTED_MODES),
+    "max_lag": MaxLag.__metadata__[0], "start_method": StartMethod.__metadata__[0], "timeout_s": Number(above=0)}}
 
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first problem found in ``cfg``."""
+    # What build() injects and consumes itself, as the factory states it (imported here: the factory imports this).
+    from rltrain.factory import ENV_TO_ALGO, RUNTIME_ARGS, WIRING_KEYS
+
     try:
-        OmegaConf.to_container(cfg, resolve=True)
+        resolved = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"the config does not resolve: {e}") from None
     _check_keys("", cfg.keys(), TOP_LEVEL_KEYS, "a top-level key of rltrain's config",
                 listed=[k for k in TOP_LEVEL_KEYS if k != "hydra"])
-    if isinstance(cfg.get("trainer"), DictConfig):  # the trainer's keys are its constructor's arguments
-        params = inspect.signature(Trainer).parameters
-        _check_keys("trainer.", cfg.trainer.keys(), [p for p in params if p not in RUNTIME_ARGS["trainer"]],
-                    "a key of trainer (the arguments of rltrain.Trainer)")
-    for key, check, allowed, hint in RULES:
-        value = OmegaConf.select(cfg, key, default="__absent__")
-        if value == "__absent__":
-            continue
-        value = OmegaConf.to_object(value) if OmegaConf.is_config(value) else value
-        try:
-            ok = check(value)
-        except TypeError:
-            ok = False
-        if not ok:
-            if isinstance(value, float) and value.is_integer() and "integer" in allowed:
-                hint += f"; write {int(value)} (YAML and the command line read 1e9 as a float)"
-            raise ConfigError(f"{key} must be {allowed} (got {value!r}){hint}")
+    for key, rule in TOP_LEVEL_RULES.items():
+        if key in resolved:
+            rule.check(key, resolved[key])
+    parts = _check_parts(cfg, RUNTIME_ARGS, WIRING_KEYS)
+    for key in ENV_TO_ALGO:  # env keys the algo receives: the algo's rule for them
+        rule = parameter_rules(parts["algo"][0]).get(key)
+        if rule is not None and key in cfg.env:
+            rule.check(f"env.{key}", resolved["env"][key])
     _check_device(cfg.get("device", "auto"))
     _check_compile(cfg)
-    for path in ("env", "algo", "algo.network", "collector", "sync"):
-        _check_node(cfg, path, required=path != "algo.network")
-    for group in ("logger", "hooks"):
-        for name in (cfg.get(group) or {}):
-            _check_node(cfg, f"{group}.{name}", required=True, runtime_group=group)
     for name, node in (cfg.get("logger") or {}).items():
         _check_requires(f"logger.{name}", _import_target(f"logger.{name}", node._target_))
-    for name, hook in (cfg.get("hooks") or {}).items():
-        _check_schedule(f"hooks.{name}.every", hook.get("every"))
-    _check_cross(cfg)
+    _check_cross(cfg, parts)
+    for cls, values in parts.values():  # each part's own combinations of values (rltrain.rules)
+        if callable(getattr(cls, "check_config", None)):
+            cls.check_config(values, resolved)
     _check_env(cfg)
     if OmegaConf.select(cfg, "hooks.eval.video", default=False):
         _check_video(cfg)
@@ -236,35 +139,56 @@ def _import_target(path: str, target: str):
         raise ConfigError(f"{path}._target_={target!r} cannot be imported: {e}{hint}") from None
 
 
-def _check_node(cfg: DictConfig, path: str, required: bool, runtime_group: str | None = None) -> None:
-    node = OmegaConf.select(cfg, path)
-    if node is None:
-        if required:
-            raise ConfigError(f"{path} is missing; choose one with {path.split('.')[0]}=<choice>")
-        return
-    if not isinstance(node, DictConfig) or "_target_" not in node:
-        raise ConfigError(f"{path} must be a mapping with a _target_ (the class to build), got {node!r}")
-    target = _import_target(path, node._target_)
-    interface = INTERFACES.get(runtime_group or path)
-    if interface is not None and isinstance(target, type) and (missing := missing_members(target, interface)):
-        raise ConfigError(f"{path}._target_={node._target_} lacks {', '.join(missing)} of rltrain's "
-                          f"{interface.__name__} interface; add them (see {interface.__module__}.{interface.__name__}, "
-                          "which says what each does)")
+def _check_parts(cfg: DictConfig, runtime_args: dict[str, Iterable[str]],
+                 wiring_keys: dict[str, set[str]]) -> dict[str, tuple[type, dict]]:
+    """Every part's class, and its values (the node's over the constructor's defaults), by path;
+    a ConfigError for a part that cannot be imported, lacks its interface, has a key its class
+    does not take or a value its class refuses."""
+    parts = {}
+    paths = [*((path, group) for path, group in PARTS.items()),
+             *((f"{group}.{name}", group) for group in ("logger", "hooks") for name in (cfg.get(group) or {}))]
+    for path, group in paths:
+        node = OmegaConf.select(cfg, path)
+        if node is None:
+            if group is not None:
+                raise ConfigError(f"{path} is missing; choose one with {path.split('.')[0]}=<choice>")
+            continue
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            raise ConfigError(f"{path} must be a mapping with a _target_ (the class to build), got {node!r}")
+        target = _import_target(path, node._target_)
+        interface = INTERFACES.get(group or path)
+        if interface is not None and isinstance(target, type) and (missing := missing_members(target, interface)):
+            raise ConfigError(f"{path}._target_={node._target_} lacks {', '.join(missing)} of rltrain's "
+                              f"{interface.__name__} interface; add them (see {interface.__module__}."
+                              f"{interface.__name__}, which says what each does)")
+        parts[path] = (target, _check_part(cfg, path, target, f"a parameter of {node._target_}",
+                                           runtime_args.get(group or path, ()), wiring_keys.get(path, set())))
+    if isinstance(cfg.get("trainer"), DictConfig):  # the trainer's keys are its constructor's arguments
+        parts["trainer"] = (Trainer, _check_part(cfg, "trainer", Trainer,
+                                                 "a key of trainer (the arguments of rltrain.Trainer)",
+                                                 runtime_args["trainer"], set()))
+    return parts
+
+
+def _check_part(cfg: DictConfig, path: str, target, owner: str, runtime: Iterable[str], wiring: set[str]) -> dict:
+    """The keys of ``path`` against ``target``'s parameters, and their values against its rules."""
+    values = {k: v for k, v in OmegaConf.to_container(OmegaConf.select(cfg, path), resolve=True).items()
+              if not k.startswith("_") and k not in wiring}
     try:
         params = inspect.signature(target).parameters
     except (TypeError, ValueError):
-        return
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
-        return
-    group = runtime_group or path
-    runtime = RUNTIME_ARGS.get(group, set())
-    wiring = WIRING_KEYS.get(path, set())
-    for key in node:
-        if key in runtime:
-            raise ConfigError(f"{path}.{key} is set by rltrain at build time; remove it from the config")
-    allowed = [p for p in params if p not in runtime and p != "self"]
-    _check_keys(f"{path}.", [k for k in node if not k.startswith("_") and k not in wiring], [*allowed, *wiring],
-                f"a parameter of {node._target_}", listed=allowed)
+        params = {}
+    if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        for key in values:
+            if key in runtime:
+                raise ConfigError(f"{path}.{key} is set by rltrain at build time; remove it from the config")
+        allowed = [p for p in params if p not in runtime and p != "self"]
+        _check_keys(f"{path}.", values, [*allowed, *wiring], owner, listed=allowed)
+    rules = {**_PENDING_RULES.get(target, {}), **parameter_rules(target)}
+    for key, value in values.items():
+        if key in rules:
+            rules[key].check(f"{path}.{key}", value)
+    return {**parameter_defaults(target), **values}
 
 
 def _check_keys(prefix: str, keys: Iterable[str], known: Iterable[str], owner: str,
@@ -280,32 +204,16 @@ def _check_keys(prefix: str, keys: Iterable[str], known: Iterable[str], owner: s
                           f"(valid: {', '.join(listed if listed is not None else known)})")
 
 
-def _check_schedule(key: str, every) -> None:
-    if every is None:
-        return
-    if not isinstance(every, DictConfig) or len(every) != 1 or next(iter(every)) not in SCHEDULE_UNITS:
-        raise ConfigError(f"{key} must be null or one of {{frames|batches|updates|seconds: N}} (got {every!r})")
-    unit, n = next(iter(every.items()))
-    if not _positive(n) or (unit != "seconds" and not isinstance(n, int)):
-        raise ConfigError(f"{key}.{unit} must be {'a number' if unit == 'seconds' else 'an integer'} > 0 (got {n!r})")
-
-
-def _check_cross(cfg: DictConfig) -> None:
+def _check_cross(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     """Combinations of parts, checked through what each class declares it needs or does (its
     capabilities: ``BATCH_ENVS``, ``IN_LEARNER_PROCESS``, ``CROSS_PROCESS_ONLY``, ``PUSHES``,
     ``NEEDS_PUSHES``; see rltrain/protocols.py), so a class of your own gets the same checks."""
-    collector = _import_target("collector", cfg.collector._target_)
-    sync = _import_target("sync", cfg.sync._target_)
-    algo = _import_target("algo", cfg.algo._target_)
-    batch = cfg.collector.get("frames_per_batch")
+    collector, sync, algo = (parts[path][0] for path in ("collector", "sync", "algo"))
+    batch = parts["collector"][1].get("frames_per_batch")
     keys = capability(collector, Collector, "BATCH_ENVS")
-    sizes = [OmegaConf.select(cfg, key) for key in keys]
-    if batch is not None and keys and all(isinstance(n, int) for n in sizes) and batch % math.prod(sizes):
-        num_envs = math.prod(sizes)
-        raise ConfigError(
-            f"collector.frames_per_batch ({batch}) must be a multiple of {' x '.join(keys)} ({num_envs}); "
-            f"e.g. collector.frames_per_batch={max(1, batch // num_envs) * num_envs}"
-        )
+    sizes = [_value(cfg, parts, key) for key in keys]
+    if isinstance(batch, int) and keys and all(isinstance(n, int) for n in sizes):
+        batch_steps(batch, math.prod(sizes), " x ".join(keys))
     if capability(sync, WeightSyncScheme, "CROSS_PROCESS_ONLY") and capability(collector, Collector,
                                                                                "IN_LEARNER_PROCESS"):
         raise ConfigError(f"{_label('sync', sync)} sends weights to worker processes, but "
@@ -315,18 +223,12 @@ def _check_cross(cfg: DictConfig) -> None:
     why = capability(algo, Algo, "NEEDS_PUSHES")
     if why and not capability(sync, WeightSyncScheme, "PUSHES"):
         raise ConfigError(f"{_label('algo', algo)} with {_label('sync', sync)}: {why}; use sync=shared_mem")
-    buffer_size = cfg.algo.get("buffer_size")
-    for key, need, what in [("algo.batch_size", cfg.algo.get("batch_size"), "the frames of one gradient step"),
-                            ("collector.frames_per_batch", batch, "one collector batch")]:
-        if buffer_size is not None and need is not None and buffer_size < need:
-            raise ConfigError(f"algo.buffer_size ({buffer_size}) is smaller than {key} ({need}): the replay buffer "
-                              f"cannot hold {what}; use algo.buffer_size={need} or more")
-    minibatch = cfg.algo.get("minibatch_size")
-    if minibatch is not None and batch is not None and minibatch > batch:
-        raise ConfigError(
-            f"algo.minibatch_size ({minibatch}) is larger than the batch "
-            f"(collector.frames_per_batch={batch}); use at most {batch}"
-        )
+
+
+def _value(cfg: DictConfig, parts: dict[str, tuple[type, dict]], key: str) -> Any:
+    """The value of config key ``key``: the config's, else the default of the part's constructor."""
+    path, _, name = key.rpartition(".")
+    return parts[path][1].get(name) if path in parts else OmegaConf.select(cfg, key)
 
 
 def _check_job(cfg: DictConfig, collector: type, sync: type) -> None:

@@ -10,12 +10,16 @@ update, reads how many steps were skipped and raises NonFiniteError for them, un
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Annotated
 
 import torch
 
 from rltrain.errors import NonFiniteError
+from rltrain.rules import OneOf
 
 MODES = ("error", "skip")  # what a NaN/inf loss or gradient does: stop the run, or skip that step
+NONFINITE = OneOf(MODES)
+NonFinite = Annotated[str, NONFINITE]  # algo.nonfinite
 
 
 class NonFiniteGuard:
@@ -25,8 +29,7 @@ class NonFiniteGuard:
     CUDA graph (where no Python runs) counts too."""
 
     def __init__(self, optimizers: dict[str, torch.optim.Optimizer], mode: str, device: torch.device):
-        if mode not in MODES:
-            raise ValueError(f"nonfinite must be one of {MODES} (got {mode!r})")
+        NONFINITE.check("algo.nonfinite", mode)
         self.mode, self._optimizers = mode, dict(optimizers)
         self._one = torch.ones((), device=device)
         self._flags = {name: torch.zeros((), device=device) for name in optimizers}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from typing import Annotated
 
 import torch
 from torch import nn
@@ -11,9 +12,13 @@ from torch import nn
 from rltrain.algos.encoders import NATURE_CNN, ObsEncoder, orthogonal
 from rltrain.algos.heads import LOG_SQRT_2PI, make_head
 from rltrain.envs import EnvSpec
-from rltrain.errors import ConfigError
+from rltrain.rules import Flag, IntegerList, OneOf
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+Activation = Annotated[str, OneOf(ACTIVATIONS)]
+HiddenSizes = Annotated[list[int], IntegerList(note="[] for a single linear layer over the features")]
+NON_EMPTY = IntegerList(non_empty=True)  # a trunk that ends in a hidden layer (SAC's actor and critics)
+NonEmptyHiddenSizes = Annotated[list[int], NON_EMPTY]
 
 
 def mlp(in_dim: int, hidden_sizes: list[int], out_dim: int, activation: str, out_gain: float = 1.0) -> nn.Sequential:
@@ -47,9 +52,9 @@ class ActorCritic(nn.Module):
     def __init__(
         self,
         env_spec: EnvSpec,
-        hidden_sizes: list[int] = (64, 64),
-        activation: str = "tanh",
-        normalize_obs: bool = False,
+        hidden_sizes: HiddenSizes = (64, 64),
+        activation: Activation = "tanh",
+        normalize_obs: Flag = False,
         init_log_std: float = 0.0,
         cnn: Mapping = NATURE_CNN,  # image observations: channels, kernels, strides, features (encoders.py)
     ):
@@ -83,14 +88,12 @@ class SquashedGaussianActor(nn.Module):
 
     LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
 
-    def __init__(self, env_spec: EnvSpec, hidden_sizes: list[int] = (256, 256), activation: str = "relu",
-                 normalize_obs: bool = False):
+    def __init__(self, env_spec: EnvSpec, hidden_sizes: NonEmptyHiddenSizes = (256, 256),
+                 activation: Activation = "relu", normalize_obs: Flag = False):
         super().__init__()
         if env_spec.action.kind != "box":
             raise ValueError("SquashedGaussianActor needs a Box action space")
-        if not hidden_sizes:
-            raise ConfigError("algo.network.hidden_sizes=[]: SAC's actor needs at least one hidden layer, "
-                              "e.g. [256, 256]")
+        NON_EMPTY.check("algo.network.hidden_sizes", hidden_sizes)  # its trunk ends in a hidden layer
         act_dim = math.prod(env_spec.action_shape)
         self.action_shape = env_spec.action_shape
         # Parameter-free (no images: validate refuses them for SAC), so the critics read the same features.

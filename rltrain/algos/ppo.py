@@ -11,19 +11,30 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Annotated
 
 import torch
 from torch import nn
 
 from rltrain.algos import optimizers
 from rltrain.algos.advantages import gae
-from rltrain.algos.finite import NonFiniteGuard
+from rltrain.algos.finite import NonFinite, NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
 from rltrain.algos.pending import Pending
-from rltrain.algos.update_step import UpdateStep, compile_enabled, cuda_graph_enabled, plain
+from rltrain.algos.update_step import Switch, UpdateStep, compile_enabled, cuda_graph_enabled, plain
 from rltrain.device import to_learner
 from rltrain.envs.normalization import ReturnNormalizer
+from rltrain.errors import ConfigError
+from rltrain.rules import (
+    Flag,
+    Fraction,
+    NonNegativeNumber,
+    Number,
+    PositiveFraction,
+    PositiveInt,
+    PositiveNumber,
+    PositiveNumberOrNull,
+)
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -63,31 +74,39 @@ class PPO:
     ACTION_SPACES = ("discrete", "box", "multi_discrete", "multi_binary")
     OBSERVATIONS = ("vector", "discrete", "multi_discrete", "image")
 
+    @classmethod
+    def check_config(cls, values: dict, config: dict) -> None:
+        """A minibatch is drawn from one collector batch (rltrain.rules: the config check asks this)."""
+        minibatch, batch = values["minibatch_size"], config["collector"].get("frames_per_batch")
+        if batch is not None and minibatch > batch:
+            raise ConfigError(f"algo.minibatch_size ({minibatch}) is larger than the batch "
+                              f"(collector.frames_per_batch={batch}); use at most {batch}")
+
     def __init__(
         self,
         policy: ActorCritic,
         total_frames: int,
         device: torch.device | str = "cpu",
-        lr: float = 3e-3,  # Adam learning rate (the start value when annealed)
-        anneal_lr: bool = True,  # decay the lr linearly to 0 over trainer.total_frames
-        gamma: float = 0.98,  # discount factor
-        gae_lambda: float = 0.8,  # GAE lambda: 0 = one-step TD, 1 = Monte Carlo returns
-        epochs: int = 10,  # passes over each collected batch
-        minibatch_size: int = 256,  # samples per gradient step (the batch is collector.frames_per_batch)
-        clip_coef: float = 0.2,  # epsilon of the clipped ratio objective
-        clip_vloss: bool = False,  # also clip the value update to +-clip_coef around the old values
-        vf_coef: float = 0.5,  # weight of the value loss
-        ent_coef: float = 0.0,  # weight of the entropy bonus
-        max_grad_norm: float = 0.5,  # global gradient-norm clip
-        norm_adv: bool = True,  # normalize advantages per minibatch
-        target_kl: float | None = None,  # stop the epochs early once the approximate KL exceeds this
-        adam_eps: float = 1e-5,  # Adam epsilon
-        nonfinite: str = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
-        sign_reward: bool = False,  # set from env.sign_reward: learn from sign(reward) (Atari's reward clipping)
-        normalize_reward: bool = False,  # set from env.normalize_reward: rewards / std of the discounted return
-        clip_reward: float | None = 10.0,  # set from env.clip_reward: normalized rewards clipped to +-this
-        compile: bool | str = "auto",  # torch.compile each minibatch step; auto: on a CUDA learner only
-        cuda_graph: bool | str = "auto",  # replay each minibatch step as one CUDA graph; auto: on a CUDA learner
+        lr: PositiveNumber = 3e-3,  # Adam learning rate (the start value when annealed)
+        anneal_lr: Flag = True,  # decay the lr linearly to 0 over trainer.total_frames
+        gamma: PositiveFraction = 0.98,  # discount factor
+        gae_lambda: Fraction = 0.8,  # GAE lambda: 0 = one-step TD, 1 = Monte Carlo returns
+        epochs: PositiveInt = 10,  # passes over each collected batch
+        minibatch_size: PositiveInt = 256,  # samples per gradient step (the batch is collector.frames_per_batch)
+        clip_coef: PositiveNumber = 0.2,  # epsilon of the clipped ratio objective
+        clip_vloss: Flag = False,  # also clip the value update to +-clip_coef around the old values
+        vf_coef: NonNegativeNumber = 0.5,  # weight of the value loss
+        ent_coef: NonNegativeNumber = 0.0,  # weight of the entropy bonus
+        max_grad_norm: PositiveNumber = 0.5,  # global gradient-norm clip
+        norm_adv: Flag = True,  # normalize advantages per minibatch
+        target_kl: PositiveNumberOrNull = None,  # stop the epochs early once the approximate KL exceeds this
+        adam_eps: PositiveNumber = 1e-5,  # Adam epsilon
+        nonfinite: NonFinite = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
+        sign_reward: Flag = False,  # set from env.sign_reward: learn from sign(reward) (Atari's reward clipping)
+        normalize_reward: Flag = False,  # set from env.normalize_reward: rewards / std of the discounted return
+        clip_reward: Annotated[float | None, Number(above=0, null="no clip")] = 10.0,  # env.clip_reward: +-this bound
+        compile: Switch = "auto",  # torch.compile each minibatch step; auto: on a CUDA learner only
+        cuda_graph: Switch = "auto",  # replay each minibatch step as one CUDA graph; auto: on a CUDA learner
     ):
         self.policy = policy
         self.device = torch.device(device)

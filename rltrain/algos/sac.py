@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from rltrain.algos import optimizers
-from rltrain.algos.finite import NonFiniteGuard
-from rltrain.algos.networks import SquashedGaussianActor, TwinQ
+from rltrain.algos.finite import NonFinite, NonFiniteGuard
+from rltrain.algos.networks import NonEmptyHiddenSizes, SquashedGaussianActor, TwinQ
 from rltrain.algos.pending import Pending
-from rltrain.algos.update_step import UpdateStep, compile_enabled, cuda_graph_enabled, plain
+from rltrain.algos.update_step import Switch, UpdateStep, compile_enabled, cuda_graph_enabled, plain
 from rltrain.data import ReplayBuffer
 from rltrain.device import to_learner
+from rltrain.errors import ConfigError
+from rltrain.rules import Flag, NonNegativeInt, PositiveFraction, PositiveInt, PositiveNumber
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -48,26 +50,37 @@ class SAC:
     NEEDS_PUSHES = ("the end of the warm-up reaches collectors through a weight push, so they would act uniformly "
                     "at random for the whole run")
 
+    @classmethod
+    def check_config(cls, values: dict, config: dict) -> None:
+        """The replay buffer holds a gradient step's frames and a collector batch (the config check asks this)."""
+        buffer_size = values["buffer_size"]
+        for key, need, what in [("algo.batch_size", values["batch_size"], "the frames of one gradient step"),
+                                ("collector.frames_per_batch", config["collector"].get("frames_per_batch"),
+                                 "one collector batch")]:
+            if need is not None and buffer_size < need:
+                raise ConfigError(f"algo.buffer_size ({buffer_size}) is smaller than {key} ({need}): the replay "
+                                  f"buffer cannot hold {what}; use algo.buffer_size={need} or more")
+
     def __init__(
         self,
         policy: SquashedGaussianActor,
         total_frames: int,
         device: torch.device | str = "cpu",
-        lr: float = 1e-3,  # actor and temperature learning rate (Adam)
-        critic_lr: float = 1e-3,  # critics' learning rate (Adam)
-        gamma: float = 0.99,  # discount factor
-        tau: float = 0.005,  # Polyak step of the target critics: target += tau * (online - target)
-        batch_size: int = 256,  # transitions per gradient step
-        utd: float = 1.0,  # gradient steps per collected frame (update-to-data ratio)
-        warmup_frames: int = 1000,  # frames of uniform random actions before learning starts
-        buffer_size: int = 1_000_000,  # replay capacity in frames
-        critic_hidden_sizes: list[int] = (256, 256),  # hidden layers of each Q-network
-        alpha: float = 1.0,  # initial entropy temperature
-        autotune: bool = True,  # learn alpha so the policy's entropy tracks target_entropy
+        lr: PositiveNumber = 1e-3,  # actor and temperature learning rate (Adam)
+        critic_lr: PositiveNumber = 1e-3,  # critics' learning rate (Adam)
+        gamma: PositiveFraction = 0.99,  # discount factor
+        tau: PositiveFraction = 0.005,  # Polyak step of the target critics: target += tau * (online - target)
+        batch_size: PositiveInt = 256,  # transitions per gradient step
+        utd: PositiveNumber = 1.0,  # gradient steps per collected frame (update-to-data ratio)
+        warmup_frames: NonNegativeInt = 1000,  # frames of uniform random actions before learning starts
+        buffer_size: PositiveInt = 1_000_000,  # replay capacity in frames
+        critic_hidden_sizes: NonEmptyHiddenSizes = (256, 256),  # hidden layers of each Q-network
+        alpha: PositiveNumber = 1.0,  # initial entropy temperature
+        autotune: Flag = True,  # learn alpha so the policy's entropy tracks target_entropy
         target_entropy: float | None = None,  # null: -action_dim
-        nonfinite: str = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
-        compile: bool | str = "auto",  # torch.compile each gradient step; auto: on a CUDA learner only
-        cuda_graph: bool | str = "auto",  # replay each gradient step as one CUDA graph; auto: on a CUDA learner
+        nonfinite: NonFinite = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
+        compile: Switch = "auto",  # torch.compile each gradient step; auto: on a CUDA learner only
+        cuda_graph: Switch = "auto",  # replay each gradient step as one CUDA graph; auto: on a CUDA learner
     ):
         self.policy, self.device, self.total_frames = policy, torch.device(device), total_frames
         self.gamma, self.tau, self.batch_size, self.utd = gamma, tau, batch_size, utd

@@ -20,12 +20,17 @@ import importlib.util
 import logging
 import time
 from collections.abc import Callable
+from typing import Annotated
 
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from rltrain.rules import OneOf
+
 log = logging.getLogger("rltrain")
 
+# algo.compile and algo.cuda_graph: on, off, or auto (on with a CUDA learner; see the functions below).
+Switch = Annotated[bool | str, OneOf((True, False, "auto"), "true, false or auto (on with device=cuda)")]
 WARMUP_STEPS = 3  # compiled steps run before the capture (the first compiles; allocations settle)
 
 

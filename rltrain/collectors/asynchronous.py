@@ -16,12 +16,12 @@ from collections.abc import Callable, Iterator
 
 from tensordict import TensorDict
 
-from rltrain.collectors.batch import as_batch
-from rltrain.collectors.pool import WorkerPool
+from rltrain.collectors.batch import MaxLag, as_batch, batch_steps
+from rltrain.collectors.pool import StartMethod, WorkerPool
 from rltrain.collectors.worker import Backlog, serve_async
 from rltrain.envs.batched import EnvSpec
-from rltrain.errors import ConfigError
 from rltrain.protocols import Collector
+from rltrain.rules import PositiveInt, PositiveNumber
 from rltrain.sync.base import WeightReceiver
 
 
@@ -31,17 +31,16 @@ class AsyncCollector(Collector):
     BATCH_ENVS = ("collector.envs_per_worker",)  # the envs one batch spans: frames_per_batch is a multiple
 
     def __init__(self, make_env: Callable, make_policy: Callable, make_receiver: Callable[[], WeightReceiver],
-                 env_spec: EnvSpec, frames_per_batch: int, workers: int = 2, envs_per_worker: int = 8,
-                 max_lag: int | None = 2, start_method: str = "spawn", timeout_s: float = 60.0, seed: int = 0):
-        if frames_per_batch % envs_per_worker:
-            raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of "
-                              f"collector.envs_per_worker ({envs_per_worker})")
+                 env_spec: EnvSpec, frames_per_batch: PositiveInt, workers: PositiveInt = 2,
+                 envs_per_worker: PositiveInt = 8, max_lag: MaxLag = 2, start_method: StartMethod = "spawn",
+                 timeout_s: PositiveNumber = 60.0, seed: int = 0):
+        steps = batch_steps(frames_per_batch, envs_per_worker, " x ".join(self.BATCH_ENVS))
         self.frames_per_batch, self.max_lag = frames_per_batch, max_lag
         # Backpressure: a worker holds off rather than collect a batch the learner would drop as too old.
         self._backlog = Backlog(workers, max_lag) if max_lag is not None else None
         self.pool = WorkerPool(functools.partial(serve_async, backlog=self._backlog), make_env, make_policy,
                                make_receiver, env_spec,
-                               steps=frames_per_batch // envs_per_worker, workers=workers,
+                               steps=steps, workers=workers,
                                envs_per_worker=envs_per_worker, buffers_per_worker=2, start_method=start_method,
                                timeout_s=timeout_s, seed=seed)
 

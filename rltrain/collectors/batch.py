@@ -1,11 +1,29 @@
-"""Turns the per-frame tensors a collector filled into the TensorDict batch the learner sees."""
+"""Turns the per-frame tensors a collector filled into the TensorDict batch the learner sees, and
+how many steps of its envs one batch is."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import torch
 from tensordict import TensorDict
 
 from rltrain.envs.spaces import nest
+from rltrain.errors import ConfigError
+from rltrain.rules import Integer
+
+# A collector's max_lag: the trainer drops a batch with frames more than this many versions old (null: keeps all).
+MaxLag = Annotated[int | None, Integer(0, null="")]
+
+
+def batch_steps(frames_per_batch: int, envs: int, what: str) -> int:
+    """The env steps of one batch of ``frames_per_batch`` frames over ``envs`` envs, which must divide
+    it (``what`` says where ``envs`` comes from: ``env.num_envs``). The config check (a collector's
+    ``BATCH_ENVS``) and every collector's constructor ask this one rule."""
+    if frames_per_batch % envs:
+        raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of {what} ({envs}); "
+                          f"e.g. collector.frames_per_batch={max(1, frames_per_batch // envs) * envs}")
+    return frames_per_batch // envs
 
 
 def as_batch(frames: dict[str, torch.Tensor]) -> TensorDict:

@@ -11,11 +11,11 @@ from collections.abc import Callable, Iterator
 from tensordict import TensorDict
 from torch import nn
 
-from rltrain.collectors.batch import as_batch
+from rltrain.collectors.batch import as_batch, batch_steps
 from rltrain.collectors.rollout import Rollout, allocate_frames
 from rltrain.envs.batched import BatchedEnv
-from rltrain.errors import ConfigError
 from rltrain.protocols import Collector
+from rltrain.rules import PositiveInt
 from rltrain.sync.base import WeightReceiver
 
 
@@ -36,15 +36,12 @@ class LocalCollector(Collector):
         make_env: Callable[..., BatchedEnv],
         make_policy: Callable[[], nn.Module],
         make_receiver: Callable[[], WeightReceiver],
-        frames_per_batch: int,
+        frames_per_batch: PositiveInt,
     ):
         self.env = make_env()
-        if frames_per_batch % self.env.num_envs:
-            self.env.close()
-            raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of env.num_envs "
-                              f"({self.env.num_envs})")
-        self.frames_per_batch = frames_per_batch
         try:
+            self._steps = batch_steps(frames_per_batch, self.env.num_envs, " x ".join(self.BATCH_ENVS))
+            self.frames_per_batch = frames_per_batch
             self.policy = make_policy()
             self.receiver = make_receiver()
             self.receiver.connect(self.policy)
@@ -54,9 +51,8 @@ class LocalCollector(Collector):
         self._rollout = Rollout(self.env, self.policy, self.receiver)
 
     def __iter__(self) -> Iterator[TensorDict]:
-        steps = self.frames_per_batch // self.env.num_envs
         while True:
-            frames = allocate_frames(self.env.spec, steps, self.env.num_envs)
+            frames = allocate_frames(self.env.spec, self._steps, self.env.num_envs)
             self._rollout.collect({k: v.numpy() for k, v in frames.items()})
             yield as_batch(frames)
 

@@ -12,12 +12,12 @@ from collections.abc import Callable, Iterator
 import torch
 from tensordict import TensorDict
 
-from rltrain.collectors.batch import as_batch
-from rltrain.collectors.pool import WorkerPool
+from rltrain.collectors.batch import as_batch, batch_steps
+from rltrain.collectors.pool import StartMethod, WorkerPool
 from rltrain.collectors.worker import serve_lockstep
 from rltrain.envs.batched import EnvSpec
-from rltrain.errors import ConfigError
 from rltrain.protocols import Collector
+from rltrain.rules import PositiveInt, PositiveNumber
 from rltrain.sync.base import WeightReceiver
 
 
@@ -28,14 +28,13 @@ class LockstepCollector(Collector):
     BATCH_ENVS = ("collector.workers", "collector.envs_per_worker")
 
     def __init__(self, make_env: Callable, make_policy: Callable, make_receiver: Callable[[], WeightReceiver],
-                 env_spec: EnvSpec, frames_per_batch: int, workers: int = 2, envs_per_worker: int = 8,
-                 start_method: str = "spawn", timeout_s: float = 60.0, seed: int = 0):
-        if frames_per_batch % (workers * envs_per_worker):
-            raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of "
-                              f"collector.workers x collector.envs_per_worker ({workers * envs_per_worker})")
+                 env_spec: EnvSpec, frames_per_batch: PositiveInt, workers: PositiveInt = 2,
+                 envs_per_worker: PositiveInt = 8, start_method: StartMethod = "spawn",
+                 timeout_s: PositiveNumber = 60.0, seed: int = 0):
+        steps = batch_steps(frames_per_batch, workers * envs_per_worker, " x ".join(self.BATCH_ENVS))
         self.frames_per_batch = frames_per_batch
         self.pool = WorkerPool(serve_lockstep, make_env, make_policy, make_receiver, env_spec,
-                               steps=frames_per_batch // (workers * envs_per_worker), workers=workers,
+                               steps=steps, workers=workers,
                                envs_per_worker=envs_per_worker, buffers_per_worker=1, start_method=start_method,
                                timeout_s=timeout_s, seed=seed)
 

@@ -14,12 +14,17 @@ import signal
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
+from typing import Annotated
 
 from rltrain.collectors.rollout import allocate_frames
 from rltrain.collectors.worker import worker_main
 from rltrain.envs.batched import EnvSpec
 from rltrain.errors import CollectorError
+from rltrain.rules import OneOf
 from rltrain.sync.base import WeightReceiver
+
+# How worker processes start (multiprocessing's start methods; collector.start_method).
+StartMethod = Annotated[str, OneOf(("spawn", "forkserver", "fork"))]
 
 
 class WorkerPool:
@@ -38,7 +43,7 @@ class WorkerPool:
         workers: int,
         envs_per_worker: int,
         buffers_per_worker: int,
-        start_method: str,
+        start_method: StartMethod,
         timeout_s: float,
         seed: int,
     ):

@@ -22,8 +22,10 @@ import numpy as np
 import rltrain.envs.env_state as env_state
 from rltrain.envs.spaces import ActionSpec, Leaf, Observation, action_spec, map_obs, observation_spec, zeros
 from rltrain.errors import ConfigError, EnvError
+from rltrain.rules import OneOf
 
 NONFINITE = ("error", "replace")  # what a NaN/inf observation or reward does: fail the run, or become 0
+NONFINITE_RULE = OneOf(NONFINITE)  # env.nonfinite
 
 
 @dataclass(frozen=True)
@@ -213,8 +215,7 @@ class EnvBatch:
 
     def __init__(self, id: str, num_envs: int, spec: EnvSpec, seed: int, reward_threshold: float | None,
                  nonfinite: str):
-        if nonfinite not in NONFINITE:
-            raise ValueError(f"nonfinite must be one of {NONFINITE} (got {nonfinite!r})")
+        NONFINITE_RULE.check("env.nonfinite", nonfinite)
         self.id, self.num_envs, self.nonfinite, self.seed = id, num_envs, nonfinite, seed
         self.steps = 0  # steps taken by every env of this batch (what error messages count in)
         self.spec = spec
@@ -313,8 +314,7 @@ class BatchedEnv(EnvBatch):
     def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
                  reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
                  wrappers: list[dict] | None = None):
-        if nonfinite not in NONFINITE:
-            raise ValueError(f"nonfinite must be one of {NONFINITE} (got {nonfinite!r})")
+        NONFINITE_RULE.check("env.nonfinite", nonfinite)
         kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
         self.envs = [make_gym_env(id, kwargs, wrappers) for _ in range(num_envs)]
         super().__init__(id, num_envs, spec_from_env(id, self.envs[0]), seed, reward_threshold, nonfinite)

@@ -21,17 +21,20 @@ from __future__ import annotations
 import importlib
 import inspect
 import pickle
+from typing import Annotated
 
 import gymnasium as gym
 import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
 
-from rltrain.envs.batched import BatchedEnv, EnvBatch, resolve_env_spec, spec_from_spaces
+from rltrain.envs.batched import NONFINITE_RULE, BatchedEnv, EnvBatch, resolve_env_spec, spec_from_spaces
 from rltrain.envs.spaces import map_obs
 from rltrain.errors import ConfigError
+from rltrain.rules import OneOf, PositiveInt
 
 BACKENDS = ("gymnasium", "vector", "envpool")
+BACKEND = OneOf(BACKENDS)  # env.backend
 
 
 class CartPoleSameStep(CartPoleVectorEnv):
@@ -199,8 +202,9 @@ class EnvPoolBatchedEnv(EnvBatch):
         self.pool.close()
 
 
-def make_envs(id: str, num_envs: int = 1, backend: str = "gymnasium", kwargs: dict | None = None, seed: int = 0,
-              reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
+def make_envs(id: str, num_envs: PositiveInt = 1, backend: Annotated[str, BACKEND] = "gymnasium",
+              kwargs: dict | None = None, seed: int = 0, reward_threshold: float | None = None,
+              render_mode: str | None = None, nonfinite: Annotated[str, NONFINITE_RULE] = "error",
               wrappers: list[dict] | None = None) -> EnvBatch:
     """What the env configs build: ``num_envs`` envs of ``id`` on the chosen backend.
 
@@ -208,7 +212,6 @@ def make_envs(id: str, num_envs: int = 1, backend: str = "gymnasium", kwargs: di
     ``vector`` (the env's own vectorized implementation, where gymnasium registers one) or
     ``envpool`` (EnvPool's C++ envs).
     """
-    if backend not in BACKENDS:
-        raise ConfigError(f"env.backend must be one of {', '.join(BACKENDS)} (got {backend!r})")
+    BACKEND.check("env.backend", backend)  # also when called from Python
     cls = {"gymnasium": BatchedEnv, "vector": VectorBatchedEnv, "envpool": EnvPoolBatchedEnv}[backend]
     return cls(id, num_envs, kwargs, seed, reward_threshold, render_mode, nonfinite, wrappers)

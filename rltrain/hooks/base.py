@@ -14,7 +14,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
+
+from rltrain.errors import ConfigError
+from rltrain.rules import Flag, Integer, Number, Rule
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -25,18 +28,32 @@ SCHEDULE_UNITS = ("frames", "batches", "updates", "seconds")
 EVERY_UPDATE = MappingProxyType({"updates": 1})  # read-only: a safe default argument
 
 
+class ScheduleRule(Rule):
+    """A hook's ``every``: null, or one of ``{frames|batches|updates|seconds: N}`` with N > 0 (an
+    integer, but for seconds). The config check and ``Schedule`` both ask this one rule."""
+
+    allowed = f"null or one of {{{'|'.join(SCHEDULE_UNITS)}: N}}"
+
+    def check(self, key: str, value: Any) -> None:
+        if value is None:
+            return
+        if not isinstance(value, Mapping) or len(value) != 1 or next(iter(value)) not in SCHEDULE_UNITS:
+            raise ConfigError(f"{key} must be {self.allowed} (got {value!r})")
+        unit, n = next(iter(value.items()))
+        (Number(above=0) if unit == "seconds" else Integer(1)).check(f"{key}.{unit}", n)
+
+
+# The type of every hook's ``every`` parameter (a subclass that leaves it unannotated keeps the rule).
+Every = Annotated[Mapping[str, float] | None, ScheduleRule()]
+
+
 class Schedule:
     """Due once per ``n`` frames, batches, updates or seconds (crossing each multiple once); never if
     ``every`` is None."""
 
     def __init__(self, every: Mapping[str, float] | None):
-        self.unit, self.n = None, None
-        if every is not None:
-            if len(every) != 1 or next(iter(every)) not in SCHEDULE_UNITS:
-                raise ValueError(f"every must have exactly one of {', '.join(SCHEDULE_UNITS)} (got {dict(every)})")
-            self.unit, self.n = next(iter(every.items()))
-            if not self.n > 0:
-                raise ValueError(f"every.{self.unit} must be > 0 (got {self.n})")
+        ScheduleRule().check("every", every)
+        self.unit, self.n = next(iter(every.items())) if every is not None else (None, None)
         self._last_mark = 0
         self._last_time = time.monotonic()
 
@@ -67,7 +84,7 @@ class Hook:
 
     phase = "hooks"
 
-    def __init__(self, every: Mapping[str, float] | None = EVERY_UPDATE, at_end: bool = False):
+    def __init__(self, every: Every = EVERY_UPDATE, at_end: Flag = False):
         self.schedule = Schedule(every)
         self.at_end = at_end
 

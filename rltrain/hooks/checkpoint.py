@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
 
 from rltrain import checkpoint
-from rltrain.hooks.base import Hook
+from rltrain.hooks.base import Every, Hook
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector
+from rltrain.rules import Flag, PositiveInt
 from rltrain.state import TrainState
 from rltrain.sync import WeightSender
 
@@ -35,10 +36,10 @@ class CheckpointHook(Hook):
         sender: WeightSender,
         run_dir: str | Path,
         config: dict,
-        every: Mapping[str, float] | None = MappingProxyType({"seconds": 600}),
-        keep_last: int = 2,
-        replay_buffer: bool = True,
-        at_end: bool = True,
+        every: Every = MappingProxyType({"seconds": 600}),
+        keep_last: PositiveInt = 2,
+        replay_buffer: Flag = True,
+        at_end: Flag = True,
     ):
         super().__init__(every, at_end)
         self.algo, self.collector, self.loggers, self.sender = algo, collector, list(loggers), sender

@@ -7,7 +7,7 @@ import functools
 import logging
 import signal
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +16,8 @@ from torch import nn
 
 from rltrain.envs import BatchedEnv
 from rltrain.envs.spaces import to_torch
-from rltrain.hooks.base import Hook
+from rltrain.hooks.base import Every, Hook
+from rltrain.rules import Flag, PositiveInt
 from rltrain.state import TrainState
 from rltrain.stop_signals import StopRequested
 
@@ -39,13 +40,13 @@ class EvalHook(Hook):
         policy: nn.Module,
         make_env: Callable[..., BatchedEnv],
         device: torch.device | str = "cpu",
-        episodes: int = 10,
-        every: Mapping[str, float] | None = None,
-        at_end: bool = True,
-        max_steps: int = 100_000,
-        video: bool = False,
+        episodes: PositiveInt = 10,
+        every: Every = None,
+        at_end: Flag = True,
+        max_steps: PositiveInt = 100_000,
+        video: Flag = False,
         run_dir: str | Path = ".",
-        deterministic: bool = True,
+        deterministic: Flag = True,
     ):
         super().__init__(every, at_end)
         self.policy, self.make_env, self.device = policy, make_env, torch.device(device)

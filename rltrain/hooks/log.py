@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from types import MappingProxyType
 
-from rltrain.hooks.base import Hook
+from rltrain.hooks.base import Every, Hook
 from rltrain.loggers import Logger
+from rltrain.rules import Flag
 from rltrain.state import TrainState
 
 
@@ -17,8 +18,7 @@ class LogHook(Hook):
 
     phase = "log"
 
-    def __init__(self, loggers: Sequence[Logger], every: Mapping[str, float] | None = MappingProxyType({"seconds": 2}),
-                 at_end: bool = True):
+    def __init__(self, loggers: Sequence[Logger], every: Every = MappingProxyType({"seconds": 2}), at_end: Flag = True):
         super().__init__(every, at_end)
         self.loggers = list(loggers)
         self._last_frames, self._last_time = 0, time.perf_counter()

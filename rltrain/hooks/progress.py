@@ -5,12 +5,13 @@ from __future__ import annotations
 import logging
 import sys
 import time
-from collections.abc import Mapping
 from contextlib import ExitStack
 from datetime import timedelta
 from types import MappingProxyType
+from typing import Annotated
 
-from rltrain.hooks.base import Hook
+from rltrain.hooks.base import Every, Hook
+from rltrain.rules import OneOf
 from rltrain.state import TrainState
 
 log = logging.getLogger("rltrain")
@@ -24,7 +25,8 @@ class ProgressHook(Hook):
     ``false`` always prints plain lines, one per ``every`` (``true`` forces the bar).
     """
 
-    def __init__(self, every: Mapping[str, float] | None = MappingProxyType({"seconds": 30}), bar: bool | str = "auto"):
+    def __init__(self, every: Every = MappingProxyType({"seconds": 30}),
+                 bar: Annotated[bool | str, OneOf((True, False, "auto"), "auto, true or false")] = "auto"):
         super().__init__(every)
         self.bar_mode = bar
         self._bar = None

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
-from rltrain.hooks.base import EVERY_UPDATE, Hook
+from rltrain.hooks.base import EVERY_UPDATE, Every, Hook
+from rltrain.rules import Flag
 from rltrain.state import TrainState
 from rltrain.timing import format_table
 
@@ -22,8 +22,7 @@ class TimingHook(Hook):
 
     phase = "hooks"
 
-    def __init__(self, every: Mapping[str, float] | None = EVERY_UPDATE, cuda_sync: bool = False, table: bool = True,
-                 at_end: bool = True):
+    def __init__(self, every: Every = EVERY_UPDATE, cuda_sync: Flag = False, table: Flag = True, at_end: Flag = True):
         super().__init__(every, at_end)
         self.cuda_sync, self.table = cuda_sync, table
 

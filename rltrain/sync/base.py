@@ -14,16 +14,21 @@ import os
 import weakref
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
+from typing import Annotated
 
 import torch
 from torch import nn
 
 from rltrain.errors import SyncError
+from rltrain.rules import Integer
 
 log = logging.getLogger("rltrain")
 
 _ALIGN = 64  # bytes; every tensor in a flat snapshot starts on a cache line
 _PARALLEL_COPY_BYTES = 4 << 20
+
+# sync.every of every scheme: batches between pushes (WeightPushHook reads it); null never pushes.
+PushEvery = Annotated[int | None, Integer(1, null="never push")]
 
 
 class WeightSender(ABC):

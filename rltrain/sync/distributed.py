@@ -41,8 +41,10 @@ from torch import nn
 
 from rltrain import distributed as rd
 from rltrain.errors import SyncError
+from rltrain.rules import NonNegativeInt, PositiveNumber
 from rltrain.sync.base import (
     FlatWeights,
+    PushEvery,
     WeightReceiver,
     WeightSender,
     WeightSyncScheme,
@@ -473,7 +475,8 @@ class DistributedSync(WeightSyncScheme):
     CROSS_PROCESS_ONLY = True
     REACHES_OTHER_RANKS = True
 
-    def __init__(self, every: int | None = 1, bucket_mb: float = 16.0, listeners: int = 0, timeout_s: float = 30.0):
+    def __init__(self, every: PushEvery = 1, bucket_mb: PositiveNumber = 16.0, listeners: NonNegativeInt = 0,
+                 timeout_s: PositiveNumber = 30.0):
         self.every, self.listeners, self.timeout_s = every, listeners, timeout_s
         self.bucket_bytes = int(bucket_mb * (1 << 20))
         self._world = rd.current()

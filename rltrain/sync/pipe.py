@@ -21,7 +21,8 @@ import torch
 from torch import nn
 
 from rltrain.errors import SyncError
-from rltrain.sync.base import FlatWeights, WeightReceiver, WeightSender, WeightSyncScheme, named_weights
+from rltrain.rules import PositiveNumber
+from rltrain.sync.base import FlatWeights, PushEvery, WeightReceiver, WeightSender, WeightSyncScheme, named_weights
 
 _PIPE_BYTES = 1 << 20  # a bigger kernel pipe buffer: fewer context switches per megabyte sent
 
@@ -136,7 +137,7 @@ class PipeSync(WeightSyncScheme):
 
     CROSS_PROCESS_ONLY = True
 
-    def __init__(self, every: int = 1, timeout_s: float = 30.0):
+    def __init__(self, every: PushEvery = 1, timeout_s: PositiveNumber = 30.0):
         self.every, self.timeout_s = every, timeout_s
         self._initial: FlatWeights | None = None
         self._initial_version = 0

@@ -21,13 +21,16 @@ import os
 import tempfile
 import time
 from multiprocessing import reduction
+from typing import Annotated
 
 import torch
 from torch import nn
 
 from rltrain.errors import SyncError
+from rltrain.rules import Integer, PositiveNumber
 from rltrain.sync.base import (
     FlatWeights,
+    PushEvery,
     WeightReceiver,
     WeightSender,
     WeightSyncScheme,
@@ -180,12 +183,14 @@ class _SharedMemReceiver(WeightReceiver):
         self._pin.fill_(-1)
 
 
+SLOTS = Integer(2, note="one published, one being written")  # sync.slots
+
+
 class SharedMemSync(WeightSyncScheme):
     """Versioned snapshots in ``slots`` shared-memory buffers, read in place by every collector."""
 
-    def __init__(self, every: int = 1, slots: int = 3, timeout_s: float = 30.0):
-        if slots < 2:
-            raise ValueError("slots must be >= 2 (one published, one being written)")
+    def __init__(self, every: PushEvery = 1, slots: Annotated[int, SLOTS] = 3, timeout_s: PositiveNumber = 30.0):
+        SLOTS.check("sync.slots", slots)  # also when built from Python, not from a config
         self.every, self.n_slots, self.timeout_s = every, slots, timeout_s
         self._shared: _Shared | None = None
 

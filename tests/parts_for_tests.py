@@ -1,0 +1,49 @@
+"""A user's own algo, collector and hook that declare their rules the way rltrain's parts do
+(rltrain.rules): annotated constructor parameters, and ``check_config`` for combinations."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from rltrain.algos import PPO
+from rltrain.collectors import LocalCollector
+from rltrain.errors import ConfigError
+from rltrain.hooks import Hook
+from rltrain.hooks.base import EVERY_UPDATE
+from rltrain.rules import InRange, NonNegativeNumber, OneOf, PositiveInt
+
+
+class KLPenaltyPPO(PPO):
+    """PPO with a KL penalty: its own parameters have rules; PPO's keep theirs (``algo.lr``, ...)."""
+
+    def __init__(self, *args, kl_coef: NonNegativeNumber = 0.0, kl_decay: Annotated[float, InRange(0, 1)] = 1.0,
+                 **kwargs):
+        super().__init__(*args, **kwargs)
+        self.kl_coef, self.kl_decay = kl_coef, kl_decay
+
+    @classmethod
+    def check_config(cls, values: dict, config: dict) -> None:
+        super().check_config(values, config)
+        if values["kl_decay"] < 1 and values["kl_coef"] == 0:
+            raise ConfigError(f"algo.kl_decay={values['kl_decay']} decays a penalty of 0; set algo.kl_coef > 0 too")
+
+
+class EveryOtherBatchCollector(LocalCollector):
+    """Yields every ``keep``-th batch of an in-process collector."""
+
+    def __init__(self, make_env, make_policy, make_receiver, frames_per_batch: int, keep: PositiveInt = 2):
+        super().__init__(make_env, make_policy, make_receiver, frames_per_batch)
+        self.keep = keep
+
+    def __iter__(self):
+        for i, batch in enumerate(super().__iter__()):
+            if i % self.keep == 0:
+                yield batch
+
+
+class TaggingHook(Hook):
+    """Tags the log; ``every`` keeps Hook's schedule rule without restating it."""
+
+    def __init__(self, every=EVERY_UPDATE, level: Annotated[str, OneOf(("info", "debug"))] = "info"):
+        super().__init__(every)
+        self.level = level
