@@ -143,7 +143,9 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
                    "make_env": functools.partial(make_env, seed=cfg.seed + 1_000_000),
                    "env_spec": env_spec, "run_dir": run_dir, "algo": algo, "collector": collector,
                    "config": resolved}
-        hooks = {name: _instantiate_with(node, **runtime) for name, node in (cfg.get("hooks") or {}).items()}
+        hooks = {}
+        runtime["hooks"] = hooks  # the checkpoint hook saves each hook's state: filled as they are made
+        hooks.update((name, _instantiate_with(node, **runtime)) for name, node in (cfg.get("hooks") or {}).items())
 
         trainer_args = OmegaConf.to_container(cfg.trainer)  # the trainer's keys are its arguments
         if trainer_args.get("stop_at_return") == "auto":

@@ -56,7 +56,7 @@ RUNTIME_ARGS = {
     "collector": {"make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender"},
     "logger": {"run_dir", "config", "resume"},
     "hooks": {"policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo",
-              "collector", "config"},
+              "collector", "config", "hooks"},
     "trainer": {"collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock"},
 }
 
