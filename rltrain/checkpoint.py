@@ -289,18 +289,18 @@ def load(path: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path} is not a readable checkpoint: {_damage(path, e)}{hint}") from None
     if not isinstance(checkpoint, dict) or not isinstance(fmt := checkpoint.get(FORMAT_KEY), int) or fmt < 1:
         raise CheckpointError(f"{path} is not an rltrain checkpoint (format {FORMAT})")
-    if checkpoint[FORMAT_KEY] > FORMAT:
-        raise CheckpointError(f"{path} was written by a newer rltrain (checkpoint format {checkpoint[FORMAT_KEY]}; "
-                              f"this one reads formats up to {FORMAT}): upgrade rltrain to resume from it")
-    return upgrade(checkpoint, path)
+    if fmt > FORMAT:
+        raise CheckpointError(f"{path} was written by a newer rltrain (checkpoint format {fmt}; this one reads "
+                              f"formats up to {FORMAT}): upgrade rltrain to resume from it")
+    if fmt < FORMAT:
+        log.info("%s is in checkpoint format %d; upgrading it to format %d as it loads (the file is left as it is)",
+                 path, fmt, FORMAT)
+    return _upgrade(checkpoint)
 
 
-def upgrade(checkpoint: dict[str, Any], path: Path | str = "checkpoint") -> dict[str, Any]:
+def _upgrade(checkpoint: dict[str, Any]) -> dict[str, Any]:
     """``checkpoint`` in format ``FORMAT``: each older format is brought one step forward by its
     ``MIGRATIONS`` entry."""
-    if checkpoint[FORMAT_KEY] < FORMAT:
-        log.info("%s is in checkpoint format %d; upgrading it to format %d as it loads (the file is left as it is)",
-                 path, checkpoint[FORMAT_KEY], FORMAT)
     while checkpoint[FORMAT_KEY] < FORMAT:
         checkpoint = {**MIGRATIONS[checkpoint[FORMAT_KEY]](checkpoint), FORMAT_KEY: checkpoint[FORMAT_KEY] + 1}
     return checkpoint

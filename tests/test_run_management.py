@@ -176,8 +176,8 @@ def test_a_format_1_checkpoint_is_upgraded_in_one_step_and_its_run_resumes(algo,
     name, run, frames = FORMAT_1_RUNS[algo]
     old = torch.load(FORMAT_1 / name, weights_only=True)
     assert old["format"] == 1 and checkpoint.FORMAT == 2
-    steps = []
-    monkeypatch.setitem(checkpoint.MIGRATIONS, 1, lambda saved: steps.append(1) or checkpoint._from_format_1(saved))
+    steps, from_format_1 = [], checkpoint.MIGRATIONS[1]
+    monkeypatch.setitem(checkpoint.MIGRATIONS, 1, lambda saved: steps.append(1) or from_format_1(saved))
     saved = checkpoint.load(FORMAT_1 / name)
     assert steps == [1] and saved["format"] == 2
     flat = old["trainer"]
