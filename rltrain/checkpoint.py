@@ -2,20 +2,26 @@
 side by side), and how the files are written and found.
 
 A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/frames_<N>.pt``, holding plain
-tensors and Python values (it loads with ``weights_only=True``), under these keys:
+tensors and Python values (it loads with ``weights_only=True``), under the keys named below
+(``*_KEY``), in format ``FORMAT``:
 
-- ``trainer``: counters, recent episode returns, the pending metric window, phase timings;
+- ``trainer``: the ``TrainState``'s records (progress, episodes, sync, evals, nonfinite), the
+  pending metric window and the phase timings, each under its field name;
+- ``hooks``: each hook's own ``state_dict()``, under the hook's name;
 - ``algo``: networks, optimizers, lr position, temperature, obs statistics, replay buffer, and the
   rest of an update that a stop request interrupted between two gradient steps;
-- ``published``: the weights the collectors act with (older than the learner's with sync.every > 1);
+- ``published``: the weights the collectors act with (older than the learner's with sync.every > 1),
+  None where the sync scheme keeps no copy;
 - ``collector``: the envs mid-episode (``collector=local``, and each lock-step worker's envs and
-  generator; async workers' envs start fresh episodes);
+  generator; None: async workers' envs start fresh episodes);
 - ``loggers``: e.g. the wandb run id, so a resumed run continues the same wandb run;
 - ``rng``: Python, numpy and torch (CPU and CUDA) generator states;
 - ``config``: the resolved config that wrote it (``resume=auto`` matches on it).
 
-Files are written to a temporary name and renamed, so a crash mid-write leaves the previous
-checkpoint intact; a state whose weights hold NaN or inf is never written (``check_finite``).
+A checkpoint of an older format is upgraded as it is loaded, one ``MIGRATIONS`` step per format
+(the file itself is left as it is). Files are written to a temporary name and renamed, so a crash
+mid-write leaves the previous checkpoint intact; a state whose weights hold NaN or inf is never
+written (``check_finite``).
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import os
 import pickle
 import random
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -38,6 +44,7 @@ from rltrain.errors import CheckpointError, CollectorError, NonFiniteError
 from rltrain.sync.base import named_weights
 
 if TYPE_CHECKING:
+    from rltrain.hooks.base import Hook
     from rltrain.loggers import Logger
     from rltrain.protocols import Algo, Collector
     from rltrain.state import TrainState
@@ -46,31 +53,44 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("rltrain")
 
-FORMAT = 1
+FORMAT = 2  # bumped with each change to what a checkpoint holds, with a step in MIGRATIONS
+FORMAT_KEY = "format"
+FRAMES_KEY = "frames"
+ALGO_CLASS_KEY = "algo_class"
+TRAINER_KEY = "trainer"
+HOOKS_KEY = "hooks"
+ALGO_KEY = "algo"
+PUBLISHED_KEY = "published"
+COLLECTOR_KEY = "collector"
+LOGGERS_KEY = "loggers"
+RNG_KEY = "rng"
+CONFIG_KEY = "config"
+
 DIRNAME = "checkpoints"
 CONFIG_FILE = "config.json"  # the writing run's config, next to its checkpoints (for resume=auto)
 _NAME = re.compile(r"^frames_(\d+)\.pt$")
 
 
-def capture(state: TrainState, algo: Algo, collector: Collector, sender: WeightSender, loggers: Sequence[Logger],
-            config: dict, replay_buffer: bool = True) -> dict[str, Any]:
+def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector: Collector, sender: WeightSender,
+            loggers: Sequence[Logger], config: dict, replay_buffer: bool = True) -> dict[str, Any]:
     """Everything a run needs to go on as if it had never stopped (the keys listed above)."""
     algo_state, published = algo.state_dict(replay_buffer=replay_buffer), sender.published()
     # Weights and optimizer state: the replay buffer holds what the envs returned (checked as it
     # arrives), and an interrupted update may hold the NaN losses of steps algo.nonfinite=skip skipped.
-    check_finite({k: v for k, v in algo_state.items() if k not in ("replay_buffer", "pending")}, "algo")
-    check_finite(published, "published")
+    check_finite({k: v for k, v in algo_state.items() if k not in ("replay_buffer", "pending")}, ALGO_KEY)
+    check_finite(published, PUBLISHED_KEY)
     return {
-        "format": FORMAT,
-        "frames": state.frames,
-        "algo_class": type(algo).__name__,
-        "trainer": state.state_dict(),
-        "algo": algo_state,
-        "published": published,
-        "collector": collector.state_dict(),
-        "loggers": {_class_path(type(lg)): lg.state_dict() for lg in loggers},
-        "rng": rng_state(),
-        "config": config,
+        FORMAT_KEY: FORMAT,
+        FRAMES_KEY: state.frames,
+        ALGO_CLASS_KEY: type(algo).__name__,
+        TRAINER_KEY: state.state_dict(),
+        HOOKS_KEY: {name: hook.state_dict() for name, hook in hooks.items()},
+        ALGO_KEY: algo_state,
+        PUBLISHED_KEY: published,
+        COLLECTOR_KEY: collector.state_dict(),
+        LOGGERS_KEY: {_class_path(type(lg)): lg.state_dict() for lg in loggers},
+        RNG_KEY: rng_state(),
+        CONFIG_KEY: config,
     }
 
 
@@ -87,35 +107,35 @@ class Restore:
 
     @property
     def frames(self) -> int:
-        return self.saved["frames"] if self.saved else 0
+        return self.saved[FRAMES_KEY] if self.saved else 0
 
     @property
     def version(self) -> int:
-        return self.saved["trainer"]["version"] if self.saved else 0
+        return self.saved[TRAINER_KEY]["sync"]["version"] if self.saved else 0
 
     def algo(self, algo: Algo, config: dict) -> None:
         """Load the algo's state after checking it fits (same algorithm, same tensor shapes)."""
         if not self.saved:
             return
         saved, path = self.saved, self.path
-        if saved["algo_class"] != type(algo).__name__:
-            algo_option = saved["config"]["algo"]["_target_"].rsplit(".", 1)[-1].lower()
-            raise CheckpointError(f"{path} holds a {saved['algo_class']} run; this config builds "
+        if saved[ALGO_CLASS_KEY] != type(algo).__name__:
+            algo_option = saved[CONFIG_KEY]["algo"]["_target_"].rsplit(".", 1)[-1].lower()
+            raise CheckpointError(f"{path} holds a {saved[ALGO_CLASS_KEY]} run; this config builds "
                                   f"{type(algo).__name__}. Resume with algo={algo_option}, or start a new run")
-        check_compatible(saved["algo"], algo.state_dict(), "algo")
-        algo.load_state_dict(saved["algo"])
-        changes = config_changes(saved["config"], config)
-        log.info("resuming from %s (%d frames)%s", path, saved["frames"],
+        check_compatible(saved[ALGO_KEY], algo.state_dict(), ALGO_KEY)
+        algo.load_state_dict(saved[ALGO_KEY])
+        changes = config_changes(saved[CONFIG_KEY], config)
+        log.info("resuming from %s (%d frames)%s", path, saved[FRAMES_KEY],
                  "; changed: " + ", ".join(changes) if changes else "")
 
     def sender(self, scheme: WeightSyncScheme, policy: torch.nn.Module) -> WeightSender:
         """The scheme's sender, publishing as the saved version the weights the collectors acted with
         when the checkpoint was taken (with sync.every > 1 or sync=none, not the learner's latest)."""
-        published = self.saved.get("published") if self.saved else None
+        published = self.saved[PUBLISHED_KEY] if self.saved else None
         if published is None:
             return scheme.sender(policy, version=self.version)
         weights = named_weights(policy)
-        check_compatible(published, weights, "published")
+        check_compatible(published, weights, PUBLISHED_KEY)
         with torch.no_grad():
             live = {name: tensor.clone() for name, tensor in weights.items()}
             for name, tensor in weights.items():
@@ -129,11 +149,11 @@ class Restore:
         """The envs mid-episode, where they were; fresh episodes if that state is missing or does not load."""
         if not self.saved:
             return
-        if self.saved.get("collector") is None:
+        if self.saved[COLLECTOR_KEY] is None:
             log.info("resume: the collector's envs start fresh episodes (their state was not saved)")
             return
         try:
-            collector.load_state_dict(self.saved["collector"])
+            collector.load_state_dict(self.saved[COLLECTOR_KEY])
         except (CollectorError, OSError):  # a worker died or stopped answering: not a matter of fresh episodes
             raise
         except Exception as e:  # noqa: BLE001  (env.num_envs changed, an env package upgraded, ...)
@@ -145,14 +165,20 @@ class Restore:
         frame count (rows past it were written after the checkpoint and are dropped); None if fresh."""
         if not self.saved:
             return None
-        return {**self.saved.get("loggers", {}).get(_class_path(cls), {}), "frames": self.saved["frames"]}
+        # A logger the saved run did not have (logger=wandb added on resume) starts fresh.
+        return {**self.saved[LOGGERS_KEY].get(_class_path(cls), {}), "frames": self.saved[FRAMES_KEY]}
 
     def trainer(self, trainer: Trainer) -> None:
-        """Counters, windows and timings, then the random generators (last: building draws from them)."""
+        """The run's figures, metric window and timings, each hook's own state, then the random
+        generators (last: building draws from them). A hook the saved run did not have starts fresh."""
         if not self.saved:
             return
-        trainer.state.load_state_dict(self.saved["trainer"])
-        set_rng_state(self.saved["rng"])
+        trainer.state.load_state_dict(self.saved[TRAINER_KEY])
+        saved_hooks = self.saved[HOOKS_KEY]
+        for name, hook in trainer.hooks.items():
+            if name in saved_hooks:
+                hook.load_state_dict(saved_hooks[name])
+        set_rng_state(self.saved[RNG_KEY])
 
 
 def _class_path(cls: type) -> str:
@@ -261,9 +287,67 @@ def load(path: Path) -> dict[str, Any]:
         older = [p.name for p in listing(path.parent.parent) if _frames(p) < _frames(path)]
         hint = f"; older checkpoints beside it: {', '.join(older)} (resume=<that file>)" if older else ""
         raise CheckpointError(f"{path} is not a readable checkpoint: {_damage(path, e)}{hint}") from None
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != FORMAT:
+    if not isinstance(checkpoint, dict) or not isinstance(fmt := checkpoint.get(FORMAT_KEY), int) or fmt < 1:
         raise CheckpointError(f"{path} is not an rltrain checkpoint (format {FORMAT})")
+    if fmt > FORMAT:
+        raise CheckpointError(f"{path} was written by a newer rltrain (checkpoint format {fmt}; this one reads "
+                              f"formats up to {FORMAT}): upgrade rltrain to resume from it")
+    if fmt < FORMAT:
+        log.info("%s is in checkpoint format %d; upgrading it to format %d as it loads (the file is left as it is)",
+                 path, fmt, FORMAT)
+    return _upgrade(checkpoint)
+
+
+def _upgrade(checkpoint: dict[str, Any]) -> dict[str, Any]:
+    """``checkpoint`` in format ``FORMAT``: each older format is brought one step forward by its
+    ``MIGRATIONS`` entry."""
+    while checkpoint[FORMAT_KEY] < FORMAT:
+        checkpoint = {**MIGRATIONS[checkpoint[FORMAT_KEY]](checkpoint), FORMAT_KEY: checkpoint[FORMAT_KEY] + 1}
     return checkpoint
+
+
+# Format 1's flat "trainer" keys (rltrain up to 2026-12-03): where format 2 keeps each, and its value
+# in the files written before that key existed.
+_FORMAT_1_TRAINER = {
+    "frames": ("progress", "frames", 0),
+    "batches": ("progress", "batches", 0),
+    "updates": ("progress", "updates", 0),
+    "solved_at_frames": ("progress", "solved_at_frames", None),
+    "mid_update_frames": ("progress", "mid_update_frames", 0),
+    "episodes": ("episodes", "count", 0),
+    "recent_returns": ("episodes", "recent_returns", []),
+    "recent_lengths": ("episodes", "recent_lengths", []),
+    "version": ("sync", "version", 0),
+    "pushes": ("sync", "pushes", 0),
+    "lag_sum": ("sync", "lag_sum", 0.0),
+    "lag_max": ("sync", "lag_max", 0),
+    "dropped_batches": ("sync", "dropped_batches", 0),
+    "dropped_frames": ("sync", "dropped_frames", 0),
+    "eval_return": ("evals", "last_return", None),
+    "eval_return_sum": ("evals", "return_sum", 0.0),
+    "evaluations": ("evals", "count", 0),
+    "nonfinite_frames": ("nonfinite", "env_frames", 0),
+    "skipped_steps": ("nonfinite", "skipped_steps", 0),
+}
+
+
+def _from_format_1(saved: dict[str, Any]) -> dict[str, Any]:
+    """Format 1 -> 2: the trainer's flat counters go into their records, hooks get a (still empty)
+    place of their own, and the parts that format 1 gained over its life are filled in for the files
+    written before them (the published weights, the loggers' state, the window's latest values).
+    The algo's state is the algo's own (``load_state_dict`` reads what its older versions wrote)."""
+    flat = saved[TRAINER_KEY]
+    trainer: dict[str, dict[str, Any]] = {"progress": {}, "episodes": {}, "sync": {}, "evals": {}, "nonfinite": {}}
+    for old, (record, name, before) in _FORMAT_1_TRAINER.items():
+        trainer[record][name] = flat.get(old, before)
+    trainer["window"] = {"latest": {}, **flat["window"]}
+    trainer["timer"] = flat["timer"]
+    return {**saved, TRAINER_KEY: trainer, HOOKS_KEY: {}, PUBLISHED_KEY: saved.get(PUBLISHED_KEY),
+            LOGGERS_KEY: saved.get(LOGGERS_KEY, {})}
+
+
+# Format N -> N + 1, one function each: the only place that knows older formats.
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_format_1}
 
 
 def _damage(path: Path, e: Exception) -> str:

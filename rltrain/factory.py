@@ -54,7 +54,7 @@ RUNTIME_ARGS = {
     "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender"),
     "logger": ("run_dir", "config", "resume"),
     "hooks": ("policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
-              "config"),
+              "config", "hooks"),
     "trainer": ("collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock"),
 }
 
@@ -150,10 +150,11 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         restore.collector(collector)
 
         loggers = _build_loggers(cfg, run_dir, resolved, restore, cleanup)
+        hooks = {}  # the checkpoint hook saves each hook's state: filled as they are made
         runtime = _runtime("hooks", policy=policy, sender=sender, sync=scheme, loggers=loggers, device=device,
                            make_env=functools.partial(make_env, seed=cfg.seed + 1_000_000), env_spec=env_spec,
-                           run_dir=run_dir, algo=algo, collector=collector, config=resolved)
-        hooks = {name: _instantiate_with(node, **runtime) for name, node in (cfg.get("hooks") or {}).items()}
+                           run_dir=run_dir, algo=algo, collector=collector, config=resolved, hooks=hooks)
+        hooks.update((name, _instantiate_with(node, **runtime)) for name, node in (cfg.get("hooks") or {}).items())
 
         trainer_args = OmegaConf.to_container(cfg.trainer)  # the trainer's keys are its arguments
         if trainer_args.get("stop_at_return") == "auto":

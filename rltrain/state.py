@@ -1,14 +1,15 @@
-"""What every hook sees: ``TrainState`` (counters, recent results, the run dir) and the metric
-window that becomes the next log row. A module of its own, so that hooks and the trainer both
-import it and neither imports the other.
+"""What every hook sees: ``TrainState`` (the run dir, the run's figures in small records that save
+themselves, the last update's metrics) and the metric window that becomes the next log row. A
+module of its own, so that hooks and the trainer both import it and neither imports the other.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 from rltrain.timing import PhaseTimer
 
@@ -54,91 +55,168 @@ class MetricWindow:
         self._sums = defaultdict(float, state["sums"])
         self._counts = defaultdict(int, state["counts"])
         self._totals = defaultdict(float, state["totals"])
-        self._latest = dict(state.get("latest", {}))
+        self._latest = dict(state["latest"])
+
+
+class Record:
+    """A group of the run's figures (a dataclass) that saves itself: its checkpoint state is every
+    field it has, so a new field is saved and restored with no list to keep. A checkpoint written
+    before the field existed is upgraded by a migration step in ``rltrain.checkpoint``."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f.name: list(value) if isinstance(value := getattr(self, f.name), deque) else value
+                for f in fields(self)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if missing := [f.name for f in fields(self) if f.name not in state]:
+            raise KeyError(f"the saved {type(self).__name__} lacks {', '.join(missing)}: a checkpoint format "
+                           "without them needs a migration step (rltrain.checkpoint.MIGRATIONS)")
+        for f in fields(self):
+            if isinstance(current := getattr(self, f.name), deque):  # keeps its maxlen
+                current.clear()
+                current.extend(state[f.name])
+            else:
+                setattr(self, f.name, state[f.name])
+
+
+@dataclass
+class Progress(Record):
+    """How far the run is. ``frames``, ``batches`` and ``updates`` are what schedules count."""
+
+    frames: int = 0
+    batches: int = 0
+    updates: int = 0
+    solved_at_frames: int | None = None
+    # > 0: a stop request interrupted the update on a batch of this many frames, between two gradient
+    # steps; the algo's state holds the rest of that update, and its hooks have not fired yet.
+    mid_update_frames: int = 0
+
+
+@dataclass
+class Episodes(Record):
+    """Finished training episodes: how many, and the returns and lengths of the last ``window``."""
+
+    window: InitVar[int] = 10
+    count: int = 0
+    recent_returns: deque = field(init=False)
+    recent_lengths: deque = field(init=False)
+
+    def __post_init__(self, window: int):
+        self.recent_returns = deque(maxlen=window)
+        self.recent_lengths = deque(maxlen=window)
+
+    def add(self, returns: list[float], lengths: list[int]) -> None:
+        self.recent_returns.extend(returns)
+        self.recent_lengths.extend(lengths)
+        self.count += len(returns)
+
+    @property
+    def mean_return(self) -> float | None:
+        """Mean return of the last ``window`` episodes (summary.json's ``train_return``)."""
+        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
+
+    @property
+    def mean_length(self) -> float | None:
+        return sum(self.recent_lengths) / len(self.recent_lengths) if self.recent_lengths else None
+
+
+@dataclass
+class SyncFigures(Record):
+    """Weight pushes, and how old the weights were that collected each batch."""
+
+    version: int = 0  # the learner's latest pushed policy version
+    pushes: int = 0
+    lag_sum: float = 0.0  # each trained-on batch's mean lag, summed (over progress.batches: the run's mean)
+    lag_max: int = 0
+    dropped_batches: int = 0  # batches over the collector's max_lag, not trained on
+    dropped_frames: int = 0  # their frames (not counted in progress.frames)
+
+
+@dataclass
+class EvalFigures(Record):
+    """The evaluations of the run (the eval hook's results)."""
+
+    last_return: float | None = None  # the latest evaluation's mean return (summary.json's eval_return)
+    return_sum: float = 0.0  # summed over every evaluation, for mean_return
+    count: int = 0
+
+    def add(self, mean_return: float) -> None:
+        self.last_return = mean_return
+        self.return_sum += mean_return
+        self.count += 1
+
+    @property
+    def mean_return(self) -> float | None:
+        """The mean of every evaluation of the run: the area under its eval curve per evaluation."""
+        return self.return_sum / self.count if self.count else None
+
+
+@dataclass
+class NonfiniteCounts(Record):
+    """NaN/inf kept out of training (summary.json's ``nonfinite``)."""
+
+    env_frames: int = 0  # env.nonfinite=replace: frames whose NaN/inf observation or reward became 0
+    skipped_steps: int = 0  # algo.nonfinite=skip: gradient steps skipped for a NaN/inf loss or gradient
 
 
 @dataclass
 class TrainState:
-    """What every hook sees: counters, recent results and the run directory."""
+    """What every hook sees: the run dir, the run's figures, the last update's metrics, the metric
+    window and the phase timer. A checkpoint saves every field that saves itself (the records, the
+    window, the timer); a hook's own state is the hook's (``Hook.state_dict``)."""
 
     run_dir: Path
     total_frames: int
-    return_window: int = 10
-    frames: int = 0
-    batches: int = 0
-    updates: int = 0
-    version: int = 0  # the learner's latest pushed policy version
-    pushes: int = 0
-    metrics: dict[str, float] = field(default_factory=dict)  # the last update's metrics
-    episodes: int = 0
-    recent_returns: deque = field(init=False)  # returns of the last `return_window` finished training episodes
-    recent_lengths: deque = field(init=False)
-    eval_return: float | None = None  # the latest evaluation's mean return
-    eval_return_sum: float = 0.0  # summed over every evaluation of the run, for mean_eval_return
-    evaluations: int = 0
-    solved_at_frames: int | None = None
-    lag_sum: float = 0.0
-    lag_max: int = 0
-    dropped_batches: int = 0  # batches over the collector's max_lag, not trained on
-    dropped_frames: int = 0  # their frames (not counted in ``frames``)
-    nonfinite_frames: int = 0  # env.nonfinite=replace: frames whose NaN/inf observation or reward became 0
-    skipped_steps: int = 0  # algo.nonfinite=skip: gradient steps skipped for a NaN/inf loss or gradient
-    # > 0: a stop request interrupted the update on a batch of this many frames, between two gradient
-    # steps; the algo's state holds the rest of that update, and its hooks have not fired yet.
-    mid_update_frames: int = 0
+    return_window: InitVar[int] = 10
+    progress: Progress = field(default_factory=Progress)
+    episodes: Episodes = field(init=False)
+    sync: SyncFigures = field(default_factory=SyncFigures)
+    evals: EvalFigures = field(default_factory=EvalFigures)
+    nonfinite: NonfiniteCounts = field(default_factory=NonfiniteCounts)
+    metrics: dict[str, float] = field(default_factory=dict)  # the last update's metrics (the next one replaces them)
     window: MetricWindow = field(default_factory=MetricWindow)
     timer: PhaseTimer = field(default_factory=PhaseTimer)
     should_stop: bool = False  # a hook may set this to end the run after the current update
     stop_signal: int | None = None  # SIGINT or SIGTERM asked the run to stop after the current step
 
-    _COUNTERS = ("frames", "batches", "updates", "version", "pushes", "episodes", "eval_return", "eval_return_sum",
-                 "evaluations",
-                 "solved_at_frames", "lag_sum", "lag_max", "dropped_batches", "dropped_frames", "nonfinite_frames",
-                 "skipped_steps",
-                 "mid_update_frames")
+    def __post_init__(self, return_window: int):
+        self.episodes = Episodes(return_window)
 
-    def __post_init__(self):
-        self.recent_returns = deque(maxlen=self.return_window)
-        self.recent_lengths = deque(maxlen=self.return_window)
+    def _saved(self) -> dict[str, Record | MetricWindow | PhaseTimer]:
+        return {f.name: value for f in fields(self)
+                if isinstance(value := getattr(self, f.name), (Record, MetricWindow, PhaseTimer))}
 
-    def state_dict(self) -> dict:
-        """Counters, the recent-episode windows, the pending metric window and the timer."""
-        state = {name: getattr(self, name) for name in self._COUNTERS}
-        state |= {"recent_returns": list(self.recent_returns), "recent_lengths": list(self.recent_lengths),
-                  "window": self.window.state_dict(), "timer": self.timer.state_dict()}
-        return state
+    def state_dict(self) -> dict[str, dict]:
+        """Each part that saves itself, under its field name."""
+        return {name: part.state_dict() for name, part in self._saved().items()}
 
-    def load_state_dict(self, state: dict) -> None:
-        for name in self._COUNTERS:  # a checkpoint of an older rltrain lacks the newer counters
-            setattr(self, name, state.get(name, getattr(self, name)))
-        self.recent_returns.extend(state["recent_returns"])
-        self.recent_lengths.extend(state["recent_lengths"])
-        self.window.load_state_dict(state["window"])
-        self.timer.load_state_dict(state["timer"])
+    def load_state_dict(self, state: Mapping[str, dict]) -> None:
+        for name, part in self._saved().items():
+            part.load_state_dict(state[name])
+
+    # The counts schedules count in (``every: {frames|batches|updates: N}``), read most by hooks.
+    @property
+    def frames(self) -> int:
+        return self.progress.frames
+
+    @property
+    def batches(self) -> int:
+        return self.progress.batches
+
+    @property
+    def updates(self) -> int:
+        return self.progress.updates
 
     def count_at_last_update(self, unit: str) -> int:
         """``frames``, ``batches`` or ``updates`` as they were when the update hooks last fired."""
-        count = getattr(self, unit)
-        if self.mid_update_frames:  # the interrupted update's batch is counted, its hooks are still owed
-            count -= {"frames": self.mid_update_frames, "batches": 1}.get(unit, 0)
+        count = getattr(self.progress, unit)
+        # An interrupted update's batch is counted; its hooks are still owed.
+        if mid_update := self.progress.mid_update_frames:
+            count -= {"frames": mid_update, "batches": 1}.get(unit, 0)
         return count
 
     @property
     def dropped_share(self) -> float:
         """The share of collected frames dropped for being over max_lag."""
-        collected = self.frames + self.dropped_frames
-        return self.dropped_frames / collected if collected else 0.0
-
-    @property
-    def train_return(self) -> float | None:
-        """Mean return of the last ``return_window`` finished training episodes."""
-        return sum(self.recent_returns) / len(self.recent_returns) if self.recent_returns else None
-
-    @property
-    def mean_eval_return(self) -> float | None:
-        """The mean of every evaluation of the run: the area under its eval curve per evaluation."""
-        return self.eval_return_sum / self.evaluations if self.evaluations else None
-
-    @property
-    def train_length(self) -> float | None:
-        return sum(self.recent_lengths) / len(self.recent_lengths) if self.recent_lengths else None
+        collected = self.progress.frames + self.sync.dropped_frames
+        return self.sync.dropped_frames / collected if collected else 0.0

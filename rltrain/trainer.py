@@ -85,7 +85,8 @@ class Trainer:
             self._loop()
             # A signal during the last step (but not mid-way through its update) still ends the run normally,
             # unless it ends the final evaluation (StopRequested).
-            if self.state.stop_signal is None or (self._already_finished() and not self.state.mid_update_frames):
+            state = self.state
+            if state.stop_signal is None or (self._already_finished() and not state.progress.mid_update_frames):
                 self._fire("end")
                 return "completed"
         except StopRequested:  # an evaluation (periodic or final) cut short by the signal
@@ -96,13 +97,14 @@ class Trainer:
     def _already_finished(self) -> bool:
         """A resumed run that had already reached its frames or its target return."""
         s = self.state
-        return s.frames >= s.total_frames or (self.stop_at_return is not None and s.solved_at_frames is not None)
+        solved = s.progress.solved_at_frames is not None
+        return s.frames >= s.total_frames or (self.stop_at_return is not None and solved)
 
     def _nothing_to_do(self) -> dict[str, Any]:
         s = self.state
         why = (f"reached its {s.total_frames:,} frames (raise trainer.total_frames to train on)"
                if s.frames >= s.total_frames else
-               f"was solved at {s.solved_at_frames:,} frames (trainer.stop_at_return=null trains on)")
+               f"was solved at {s.progress.solved_at_frames:,} frames (trainer.stop_at_return=null trains on)")
         log.info("nothing to do: this run already %s", why)
         summary = json.loads((s.run_dir / "summary.json").read_text())
         self._close(summary)
@@ -134,16 +136,16 @@ class Trainer:
 
     def _steps(self) -> None:
         state, timer = self.state, self.state.timer
-        if state.mid_update_frames and not self._update(None):  # resumed mid-update: finish it first
+        if state.progress.mid_update_frames and not self._update(None):  # resumed mid-update: finish it first
             return
         batches = iter(self.collector)
         while state.frames < state.total_frames and not state.should_stop and state.stop_signal is None:
             with timer.phase("collect"):
                 batch = next(batches)
-            lag = state.version - batch["policy_version"]
+            lag = state.sync.version - batch["policy_version"]
             if self.max_lag is not None and int(lag.max()) > self.max_lag:
-                state.dropped_batches += 1
-                state.dropped_frames += batch.numel()
+                state.sync.dropped_batches += 1
+                state.sync.dropped_frames += batch.numel()
                 state.window.add({"sync/dropped_batches": 1})
                 continue
             self._account(batch, lag)
@@ -154,24 +156,24 @@ class Trainer:
     def _update(self, batch: TensorDict | None) -> bool:
         """Update on ``batch`` (None: finish the interrupted update), then fire the update hooks.
         False if the run is to stop here: a stop request interrupted the update, or it is solved."""
-        state = self.state
+        state, progress = self.state, self.state.progress
         with state.timer.phase("update"):
             metrics = self.algo.update(batch, self._stop_requested)
         if metrics is None:
-            state.mid_update_frames = batch.numel() if batch is not None else state.mid_update_frames
+            progress.mid_update_frames = batch.numel() if batch is not None else progress.mid_update_frames
             log.info("stopped between two gradient steps; the checkpoint holds the rest of this update")
             return False
-        state.mid_update_frames = 0
+        progress.mid_update_frames = 0
         if skipped := metrics.pop("nonfinite/skipped_steps", 0):
-            state.skipped_steps += skipped
+            state.nonfinite.skipped_steps += skipped
             state.window.accumulate({"nonfinite/skipped_steps": skipped})
-        state.updates += 1
+        progress.updates += 1
         state.metrics = metrics
         state.window.add(metrics)
         if solved := self._solved():
-            state.solved_at_frames = state.frames
+            progress.solved_at_frames = progress.frames
             log.info("solved: training return %.1f >= %s after %d frames",
-                     state.train_return, self.stop_at_return, state.frames)
+                     state.episodes.mean_return, self.stop_at_return, progress.frames)
         self._fire("update", last=solved or state.frames >= state.total_frames)
         return not solved
 
@@ -180,26 +182,23 @@ class Trainer:
 
     def _account(self, batch: TensorDict, lag) -> None:
         state = self.state
-        state.frames += batch.numel()
-        state.batches += 1
+        state.progress.frames += batch.numel()
+        state.progress.batches += 1
         done = batch["done"]
         if done.any():
-            returns, lengths = batch["episode_return"][done].tolist(), batch["episode_length"][done].tolist()
-            state.recent_returns.extend(returns)
-            state.recent_lengths.extend(lengths)
-            state.episodes += len(returns)
+            state.episodes.add(batch["episode_return"][done].tolist(), batch["episode_length"][done].tolist())
         if replaced := int(batch["nonfinite"].sum()):
-            state.nonfinite_frames += replaced
+            state.nonfinite.env_frames += replaced
             state.window.accumulate({"nonfinite/env_frames": replaced})
         mean_lag, max_lag = lag.float().mean().item(), int(lag.max())
-        state.lag_sum += mean_lag
-        state.lag_max = max(state.lag_max, max_lag)
+        state.sync.lag_sum += mean_lag
+        state.sync.lag_max = max(state.sync.lag_max, max_lag)
         state.window.add({"sync/lag": mean_lag})
 
     def _solved(self) -> bool:
-        s = self.state
-        return (self.stop_at_return is not None and len(s.recent_returns) == s.recent_returns.maxlen
-                and s.train_return >= self.stop_at_return)
+        episodes = self.state.episodes
+        return (self.stop_at_return is not None and len(episodes.recent_returns) == episodes.recent_returns.maxlen
+                and episodes.mean_return >= self.stop_at_return)
 
     def _fire(self, event: str, batch: TensorDict | None = None, last: bool = False) -> None:
         """Call ``on_<event>`` of every hook (``update``: those due). After the ``last`` update, a hook
@@ -244,34 +243,34 @@ OBJECTIVES = ("eval_return", "mean_eval_return", "train_return")
 
 def summarize(s: TrainState, status: str, stop_at_return: float | None) -> dict[str, Any]:
     """What summary.json holds for a run in state ``s`` (also for one that failed to start)."""
-    wall = s.timer.elapsed()
+    wall, sync = s.timer.elapsed(), s.sync
     summary = {
         "status": status,
         "frames": s.frames,
         "updates": s.updates,
-        "episodes": s.episodes,
+        "episodes": s.episodes.count,
         "wall_time_s": round(wall, 3),
         "fps": round(s.frames / wall, 1) if wall > 0 else 0.0,
-        "eval_return": s.eval_return,
-        "mean_eval_return": s.mean_eval_return,
-        "evaluations": s.evaluations,
-        "train_return": s.train_return,
+        "eval_return": s.evals.last_return,
+        "mean_eval_return": s.evals.mean_return,
+        "evaluations": s.evals.count,
+        "train_return": s.episodes.mean_return,
         "time": s.timer.breakdown(),
         "time_hooks": s.timer.hook_breakdown(),
         "sync": {
-            "pushes": s.pushes,
-            "version": s.version,
-            "mean_lag": s.lag_sum / s.batches if s.batches else 0.0,
-            "max_lag": s.lag_max,
-            "dropped_batches": s.dropped_batches,
-            "dropped_frames": s.dropped_frames,
+            "pushes": sync.pushes,
+            "version": sync.version,
+            "mean_lag": sync.lag_sum / s.batches if s.batches else 0.0,
+            "max_lag": sync.lag_max,
+            "dropped_batches": sync.dropped_batches,
+            "dropped_frames": sync.dropped_frames,
             "dropped_share": round(s.dropped_share, 4),
         },
-        "nonfinite": {"env_frames": s.nonfinite_frames, "skipped_steps": s.skipped_steps},
+        "nonfinite": {"env_frames": s.nonfinite.env_frames, "skipped_steps": s.nonfinite.skipped_steps},
     }
     # Without a target return (stop_at_return null, or an env without a threshold) solved is null.
-    summary["solved"] = None if stop_at_return is None else s.solved_at_frames is not None
-    summary["frames_to_solve"] = s.solved_at_frames
+    summary["solved"] = None if stop_at_return is None else s.progress.solved_at_frames is not None
+    summary["frames_to_solve"] = s.progress.solved_at_frames
     summary["stop_at_return"] = stop_at_return
     return summary
 

@@ -95,3 +95,23 @@ class SlowLearner(Hook):
         import time
 
         time.sleep(self.delay_s)
+
+
+class BestReturnHook(Hook):
+    """A hook with state of its own: the best training return it has seen, kept across a resume."""
+
+    def __init__(self, every=EVERY_UPDATE):
+        super().__init__(every)
+        self.best: float | None = None
+        self.calls = 0
+
+    def on_update(self, state):
+        self.calls += 1
+        if (mean := state.episodes.mean_return) is not None and (self.best is None or mean > self.best):
+            self.best = mean
+
+    def state_dict(self):
+        return {"best": self.best, "calls": self.calls}
+
+    def load_state_dict(self, state):
+        self.best, self.calls = state["best"], state["calls"]

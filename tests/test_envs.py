@@ -82,7 +82,7 @@ def test_env_kwargs_reach_gymnasium_make(tmp_path):
     cfg = make_config("+env.kwargs.max_episode_steps=20", "trainer.total_frames=1024", "trainer.stop_at_return=null")
     trainer = build(cfg, run_dir=tmp_path)
     trainer.fit()
-    assert max(trainer.state.recent_lengths) <= 20
+    assert max(trainer.state.episodes.recent_lengths) <= 20
 
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "HalfCheetah-v5"])

@@ -59,12 +59,12 @@ def test_seconds_schedule(monkeypatch):
 def test_a_resumed_schedule_does_not_fire_for_the_past():
     schedule = Schedule({"frames": 1000})
     state = TrainState(run_dir=".", total_frames=10_000)
-    state.frames = 4500  # a run resumed from a checkpoint at 4500 frames
+    state.progress.frames = 4500  # a run resumed from a checkpoint at 4500 frames
     schedule.catch_up(state)
     assert not schedule.due(state)
-    state.frames = 4999
+    state.progress.frames = 4999
     assert not schedule.due(state)
-    state.frames = 5000
+    state.progress.frames = 5000
     assert schedule.due(state)
 
 
@@ -100,7 +100,7 @@ def test_every_null_means_never_and_at_end_runs_the_hook_once_more_at_the_end(tm
             self.frames_seen.append(state.frames)
 
     state = TrainState(run_dir=".", total_frames=10)
-    state.frames = state.batches = state.updates = 10**6
+    state.progress.frames = state.progress.batches = state.progress.updates = 10**6
     hook = Counting()
     assert not hook.schedule.due(state)  # null: never on a schedule
     hook.on_end(state)

@@ -88,7 +88,7 @@ def test_skip_skips_and_counts_the_steps_whose_loss_is_not_finite(algo, tmp_path
     assert sum(r.get("nonfinite/skipped_steps", 0) for r in read_jsonl(tmp_path / "metrics.jsonl")) == skipped
     assert all(torch.isfinite(p).all() for p in trainer.algo.policy.parameters())
     saved = checkpoint.load(checkpoint.listing(tmp_path)[-1])
-    assert saved["trainer"]["skipped_steps"] == skipped
+    assert saved["trainer"]["nonfinite"]["skipped_steps"] == skipped
 
 
 def test_a_stop_during_an_update_with_skipped_steps_still_checkpoints(tmp_path):
@@ -99,7 +99,7 @@ def test_a_stop_during_an_update_with_skipped_steps_still_checkpoints(tmp_path):
     summary = build(cfg, run_dir=tmp_path).fit()
     assert summary["status"] == "interrupted"
     saved = checkpoint.load(checkpoint.listing(tmp_path)[-1])
-    assert saved["trainer"]["mid_update_frames"] == 512 and saved["algo"]["pending"] is not None
+    assert saved["trainer"]["progress"]["mid_update_frames"] == 512 and saved["algo"]["pending"] is not None
 
 
 def test_a_checkpoint_is_never_written_with_nonfinite_weights(tmp_path):
@@ -110,7 +110,7 @@ def test_a_checkpoint_is_never_written_with_nonfinite_weights(tmp_path):
     good = checkpoint.listing(tmp_path)[-1]
     with torch.no_grad():
         trainer.algo.policy.actor[0].weight[0, 0] = float("nan")  # as a buggy algo could leave them
-    trainer.state.frames += 512
+    trainer.state.progress.frames += 512
     with pytest.raises(NonFiniteError, match=r"not writing a checkpoint: algo.policy.actor.0.weight hold NaN"):
         hook.save(trainer.state)
     assert checkpoint.listing(tmp_path) == [good]

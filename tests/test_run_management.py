@@ -136,7 +136,7 @@ def test_a_stop_request_ends_a_long_update_between_gradient_steps_and_resumes_ex
     assert stopped["status"] == "interrupted"
     assert stopped["frames"] == 2 * batch and stopped["updates"] == 1  # the second update did not finish...
     saved = checkpoint.load(checkpoint.listing(tmp_path / "split")[-1])
-    assert saved["trainer"]["mid_update_frames"] == batch
+    assert saved["trainer"]["progress"]["mid_update_frames"] == batch
     pending = saved["algo"]["pending"]
     if algo == "sac":  # ...and stopped long before its end: most of its gradient steps are still owed
         assert len(pending["metrics"]) < pending["steps"] / 2 and pending["steps"] == 2000
@@ -159,14 +159,85 @@ def test_a_sac_run_stopped_mid_update_without_its_buffer_resumes_and_completes(t
     assert final["status"] == "completed" and final["frames"] == 600
 
 
-def test_a_checkpoint_of_an_older_rltrain_without_the_nonfinite_counts_resumes(tmp_path):
-    build(make_config("trainer.total_frames=2048", "trainer.stop_at_return=null"), run_dir=tmp_path).fit()
-    path = checkpoint.listing(tmp_path)[-1]
-    saved = torch.load(path, weights_only=True)
+# Checkpoints written by rltrain in format 1, and the overrides of the runs that wrote them
+# (tests/data/checkpoint_v1/README.md): file, overrides, the frames it holds.
+FORMAT_1 = Path(__file__).parent / "data" / "checkpoint_v1"
+FORMAT_1_RUNS = {
+    "ppo": ("ppo_cartpole_2048.pt", ("trainer.stop_at_return=null", "seed=3", "hooks.eval.episodes=2"), 2048),
+    "sac": ("sac_pendulum_400.pt", ("algo=sac", "env=pendulum", "env.num_envs=4", "collector.frames_per_batch=4",
+                                    "algo.warmup_frames=200", "algo.batch_size=64", "algo.network.hidden_sizes=[32,32]",
+                                    "algo.critic_hidden_sizes=[32,32]", "trainer.stop_at_return=null", "seed=3",
+                                    "hooks.eval.episodes=2"), 400),
+}
+
+
+@pytest.mark.parametrize("algo", FORMAT_1_RUNS)
+def test_a_format_1_checkpoint_is_upgraded_in_one_step_and_its_run_resumes(algo, tmp_path, monkeypatch):
+    name, run, frames = FORMAT_1_RUNS[algo]
+    old = torch.load(FORMAT_1 / name, weights_only=True)
+    assert old["format"] == 1 and checkpoint.FORMAT == 2
+    steps, from_format_1 = [], checkpoint.MIGRATIONS[1]
+    monkeypatch.setitem(checkpoint.MIGRATIONS, 1, lambda saved: steps.append(1) or from_format_1(saved))
+    saved = checkpoint.load(FORMAT_1 / name)
+    assert steps == [1] and saved["format"] == 2
+    flat = old["trainer"]
+    assert saved["trainer"]["progress"] == {"frames": frames, "batches": flat["batches"], "updates": flat["updates"],
+                                            "solved_at_frames": None, "mid_update_frames": 0}
+    assert saved["trainer"]["evals"] == {"last_return": flat["eval_return"], "return_sum": flat["eval_return"],
+                                         "count": 1}
+    assert saved["hooks"] == {}
+
+    loose = tmp_path / name  # a checkpoint file outside a run dir: the resumed run gets a new one
+    loose.write_bytes((FORMAT_1 / name).read_bytes())
+    trainer = build(make_config(*run, f"trainer.total_frames={frames * 3 // 2}", f"resume={loose}"),
+                    run_dir=tmp_path / "run")
+    state = trainer.state
+    assert (state.frames, state.updates, state.episodes.count) == (frames, flat["updates"], flat["episodes"])
+    assert list(state.episodes.recent_returns) == flat["recent_returns"]
+    assert (state.sync.version, state.sync.pushes) == (flat["version"], flat["pushes"])
+    assert (state.evals.last_return, state.evals.count) == (flat["eval_return"], 1)
+    weights = trainer.algo.policy.state_dict()
+    assert weights.keys() == old["algo"]["policy"].keys()
+    assert all(torch.equal(weights[k], old["algo"]["policy"][k]) for k in weights)
+
+    summary = trainer.fit()
+    assert summary["status"] == "completed" and summary["frames"] == frames * 3 // 2
+    assert summary["updates"] > flat["updates"] and summary["evaluations"] == 2
+    assert summary["sync"]["pushes"] == summary["updates"]  # counted on from the saved pushes
+    assert torch.load(checkpoint.listing(tmp_path / "run")[-1], weights_only=True)["format"] == 2
+    assert (FORMAT_1 / name).read_bytes() == loose.read_bytes()  # upgraded as loaded, the file left as it was
+
+
+def test_a_format_1_checkpoint_of_an_older_rltrain_without_the_nonfinite_counts_resumes(tmp_path):
+    saved = torch.load(FORMAT_1 / "ppo_cartpole_2048.pt", weights_only=True)
     del saved["algo"]["nonfinite"], saved["algo"]["pending"], saved["trainer"]["mid_update_frames"]
-    checkpoint.save(path, saved)
-    summary = build(make_config("trainer.total_frames=4096", "trainer.stop_at_return=null", f"resume={tmp_path}")).fit()
+    del saved["published"], saved["loggers"], saved["trainer"]["window"]["latest"]
+    checkpoint.save(tmp_path / "older.pt", saved)
+    _, run, _ = FORMAT_1_RUNS["ppo"]
+    summary = build(make_config(*run, "trainer.total_frames=3072", f"resume={tmp_path / 'older.pt'}"),
+                    run_dir=tmp_path / "run").fit()
     assert summary["status"] == "completed" and summary["nonfinite"]["skipped_steps"] == 0
+
+
+def test_a_checkpoint_of_a_newer_rltrain_is_refused_by_its_format(tmp_path):
+    path = checkpoint.path_for(tmp_path, 100)
+    newer = checkpoint.FORMAT + 1
+    checkpoint.save(path, {"format": newer, "frames": 100})
+    with pytest.raises(CheckpointError, match=rf"written by a newer rltrain \(checkpoint format {newer};"):
+        checkpoint.load(path)
+
+
+def test_a_hook_keeps_its_own_state_across_a_resume(tmp_path):
+    run = ("trainer.stop_at_return=null", "+hooks.best._target_=tests.hooks_for_tests.BestReturnHook")
+    first = build(make_config(*run, "trainer.total_frames=2048"), run_dir=tmp_path)
+    first.fit()
+    saved = checkpoint.load(checkpoint.listing(tmp_path)[-1])
+    assert saved["hooks"]["best"] == {"best": first.hooks["best"].best, "calls": 4}
+    assert saved["hooks"]["eval"] == {"evaluated_at": 2048} and saved["hooks"]["log"] == {}
+    resumed = build(make_config(*run, "trainer.total_frames=4096", f"resume={tmp_path}"))
+    assert resumed.hooks["best"].calls == 4 and resumed.hooks["best"].best == first.hooks["best"].best
+    resumed.fit()
+    assert resumed.hooks["best"].calls == 8  # one per update of the whole run
 
 
 def test_resuming_an_older_checkpoint_sets_the_newer_ones_aside(tmp_path):
@@ -299,7 +370,7 @@ def test_checkpoints_follow_their_schedule_and_keep_the_last_n(tmp_path):
     assert [p.name for p in checkpoint.listing(tmp_path)] == ["frames_000000006144.pt", "frames_000000008192.pt"]
     assert not list((tmp_path / "checkpoints").glob("*.tmp"))
     saved = checkpoint.load(checkpoint.listing(tmp_path)[-1])
-    assert saved["trainer"]["frames"] == 8192 and saved["algo_class"] == "PPO"
+    assert saved["trainer"]["progress"]["frames"] == 8192 and saved["algo_class"] == "PPO"
     assert saved["config"]["trainer"]["total_frames"] == 8192
 
 

@@ -108,3 +108,11 @@ class Hook:
 
     def close(self, state: TrainState, summary: dict[str, Any]) -> None:
         """Always, after summary.json is written (also after Ctrl-C or an error): release resources."""
+
+    def state_dict(self) -> dict[str, Any]:
+        """What this hook keeps across a resume (plain values and tensors), saved in checkpoints under
+        the hook's name; a hook that keeps nothing returns {}."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict()``'s result, before ``on_start`` of a resumed run."""

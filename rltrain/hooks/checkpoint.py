@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
@@ -25,7 +25,8 @@ class CheckpointHook(Hook):
     ``every``: e.g. ``{seconds: 600}`` or ``{frames: 100000}`` (null: only at the end, with
     ``at_end``, and when a signal stops the run); ``keep_last``: older files are
     deleted once a new one is safely written; ``replay_buffer``: include the replay buffer
-    (off-policy algos), large but needed for an exact continuation.
+    (off-policy algos), large but needed for an exact continuation. ``hooks``: the run's hooks,
+    whose own state each checkpoint saves (build passes them, this one included).
     """
 
     def __init__(
@@ -36,6 +37,7 @@ class CheckpointHook(Hook):
         sender: WeightSender,
         run_dir: str | Path,
         config: dict,
+        hooks: Mapping[str, Hook] = MappingProxyType({}),
         every: Every = MappingProxyType({"seconds": 600}),
         keep_last: PositiveInt = 2,
         replay_buffer: Flag = True,
@@ -43,7 +45,7 @@ class CheckpointHook(Hook):
     ):
         super().__init__(every, at_end)
         self.algo, self.collector, self.loggers, self.sender = algo, collector, list(loggers), sender
-        self.run_dir, self.config = Path(run_dir), config
+        self.run_dir, self.config, self.hooks = Path(run_dir), config, hooks
         self.keep_last, self.replay_buffer = keep_last, replay_buffer
 
     def on_start(self, state: TrainState) -> None:
@@ -58,8 +60,8 @@ class CheckpointHook(Hook):
     def save(self, state: TrainState) -> Path:
         t0 = time.perf_counter()
         path = checkpoint.path_for(self.run_dir, state.frames)
-        checkpoint.save(path, checkpoint.capture(state, self.algo, self.collector, self.sender, self.loggers,
-                                                 self.config, replay_buffer=self.replay_buffer))
+        checkpoint.save(path, checkpoint.capture(state, self.hooks, self.algo, self.collector, self.sender,
+                                                 self.loggers, self.config, replay_buffer=self.replay_buffer))
         checkpoint.prune(self.run_dir, self.keep_last)
         log.info("checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6, time.perf_counter() - t0)
         return path

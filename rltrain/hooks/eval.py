@@ -69,12 +69,17 @@ class EvalHook(Hook):
         returns, lengths = self._run_episodes(self._env, stop)
         if self.video:  # before anything is recorded: a stop request may end it too
             self._record(state.frames, stop)
-        state.eval_return, self._evaluated_at = float(returns.mean()), state.frames
-        state.eval_return_sum += state.eval_return
-        state.evaluations += 1
+        mean_return, self._evaluated_at = float(returns.mean()), state.frames
+        state.evals.add(mean_return)
         # The latest, not a mean over the log row: the last row and summary.json show the same return.
-        state.window.set({"eval/return": state.eval_return, "eval/episode_length": float(lengths.mean())})
-        return state.eval_return
+        state.window.set({"eval/return": mean_return, "eval/episode_length": float(lengths.mean())})
+        return mean_return
+
+    def state_dict(self) -> dict:
+        return {"evaluated_at": self._evaluated_at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._evaluated_at = state["evaluated_at"]
 
     def _run_episodes(self, env: BatchedEnv, stop: Callable[[], None]) -> tuple[np.ndarray, np.ndarray]:
         """One episode in each of ``env``'s envs: (returns, lengths); ``stop()`` before each step

@@ -32,13 +32,13 @@ class LogHook(Hook):
     def write_row(self, state: TrainState) -> None:
         now = time.perf_counter()
         row: dict[str, float] = {"frames": state.frames, "updates": state.updates}
-        if state.recent_returns:
-            row["train/episode_return"] = state.train_return
-            row["train/episode_length"] = state.train_length
+        if state.episodes.recent_returns:
+            row["train/episode_return"] = state.episodes.mean_return
+            row["train/episode_length"] = state.episodes.mean_length
         row.update(state.window.drain())
         elapsed = now - self._last_time
         row["perf/fps"] = round((state.frames - self._last_frames) / elapsed, 1) if elapsed > 0 else 0.0
-        row["sync/version"] = state.version
+        row["sync/version"] = state.sync.version
         self._last_frames, self._last_time = state.frames, now
         for logger in self.loggers:
             logger.log(row, step=state.frames)

@@ -63,9 +63,9 @@ class ProgressHook(Hook):
 
     @staticmethod
     def _returns(state: TrainState) -> str:
-        train = "-" if state.train_return is None else f"{state.train_return:.1f}"
-        evaluation = "-" if state.eval_return is None else f"{state.eval_return:.1f}"
-        dropped = f" | dropped {state.dropped_share:.1%}" if state.dropped_frames else ""
+        train = "-" if (mean := state.episodes.mean_return) is None else f"{mean:.1f}"
+        evaluation = "-" if (last := state.evals.last_return) is None else f"{last:.1f}"
+        dropped = f" | dropped {state.dropped_share:.1%}" if state.sync.dropped_frames else ""
         return f"return {train} | eval {evaluation}{dropped}"
 
     def close(self, state: TrainState, summary) -> None:

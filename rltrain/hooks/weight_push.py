@@ -24,8 +24,8 @@ class WeightPushHook(Hook):
 
     def on_update(self, state: TrainState) -> None:
         t0 = time.perf_counter()
-        state.version = self.sender.push()
-        state.pushes += 1
+        state.sync.version = self.sender.push()
+        state.sync.pushes += 1
         state.window.add({"sync/push_ms": (time.perf_counter() - t0) * 1e3})
 
     def close(self, state: TrainState, summary) -> None:
