@@ -335,14 +335,16 @@ def _from_format_1(saved: dict[str, Any]) -> dict[str, Any]:
     """Format 1 -> 2: the trainer's flat counters go into their records, hooks get a (still empty)
     place of their own, and the parts that format 1 gained over its life are filled in for the files
     written before them (the published weights, the loggers' state, the window's latest values).
-    The algo's state is the algo's own (``load_state_dict`` reads what its older versions wrote)."""
+    An algo of the files written before it counted NaN/inf steps or saved a stopped update gets None
+    for those (counting starts at the resume; no update pending)."""
     flat = saved[TRAINER_KEY]
     trainer: dict[str, dict[str, Any]] = {"progress": {}, "episodes": {}, "sync": {}, "evals": {}, "nonfinite": {}}
     for old, (record, name, before) in _FORMAT_1_TRAINER.items():
         trainer[record][name] = flat.get(old, before)
     trainer["window"] = {"latest": {}, **flat["window"]}
     trainer["timer"] = flat["timer"]
-    return {**saved, TRAINER_KEY: trainer, HOOKS_KEY: {}, PUBLISHED_KEY: saved.get(PUBLISHED_KEY),
+    algo = {"nonfinite": None, "pending": None, **saved[ALGO_KEY]}
+    return {**saved, TRAINER_KEY: trainer, HOOKS_KEY: {}, ALGO_KEY: algo, PUBLISHED_KEY: saved.get(PUBLISHED_KEY),
             LOGGERS_KEY: saved.get(LOGGERS_KEY, {})}
 
 
@@ -426,7 +428,8 @@ def _compare(saved: Any, current: Any, where: str, problems: list[str]) -> None:
             problems.append(f"{where}: checkpoint {list(saved.shape)}, this config {list(current.shape)}")
     elif isinstance(current, dict):
         if not isinstance(saved, dict):
-            problems.append(f"{where}: missing in the checkpoint")
+            if saved is not None or _holds_tensors(current):  # None: a part saved with nothing to restore
+                problems.append(f"{where}: missing in the checkpoint")
             return
         if not current:  # e.g. a fresh optimizer's state: filled by loading, nothing to compare
             return

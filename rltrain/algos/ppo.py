@@ -141,8 +141,8 @@ class PPO:
         self.policy.load_state_dict(state["policy"])
         optimizers.load_adam(self.optimizer, state["optimizer"])
         self.frames = state["frames"]
-        self.guard.load_state_dict(state.get("nonfinite"))  # None from an older rltrain: counting starts now
-        self._pending = PendingEpochs.from_state_dict(state.get("pending"), self.device)
+        self.guard.load_state_dict(state["nonfinite"])
+        self._pending = PendingEpochs.from_state_dict(state["pending"], self.device)
         if self.reward_norm is not None and state.get("reward_norm") is not None:
             self.reward_norm.load_state_dict(state["reward_norm"])
 

@@ -139,9 +139,9 @@ class SAC:
         if self.alpha_optimizer is not None and "alpha_optimizer" in state:
             optimizers.load_adam(self.alpha_optimizer, state["alpha_optimizer"])
         self.frames, self._owed_steps = state["frames"], state["owed_steps"]
-        self.guard.load_state_dict(state.get("nonfinite"))  # None from an older rltrain: counting starts now
+        self.guard.load_state_dict(state["nonfinite"])
         # Without its replay buffer a checkpoint holds no interrupted update (see state_dict).
-        self._pending = PendingSteps.from_state_dict(state.get("pending"), self.device)
+        self._pending = PendingSteps.from_state_dict(state["pending"], self.device)
         if "replay_buffer" in state:
             self.buffer.load_state_dict(state["replay_buffer"])
 
