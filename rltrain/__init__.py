@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from rltrain import lazy_dynamo
-
-lazy_dynamo.install()  # before anything imports tensordict: a second less before the first batch
+# Importing rltrain as a library changes nothing in torch: lazy_dynamo is installed only where
+# rltrain owns the process (rltrain.cli, collector worker processes, collector ranks via the CLI).
 
 if TYPE_CHECKING:
     from rltrain.factory import build

@@ -6,6 +6,8 @@ refused before anything started (a config error, a checkpoint that cannot be res
 that belongs to another run); 128 + N when signal N stopped it (130: Ctrl-C, 143: SIGTERM).
 """
 
+# ruff: noqa: E402  (rltrain's own modules are imported after lazy_dynamo.install())
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,6 +26,13 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
+
+from rltrain import lazy_dynamo
+
+# The CLI owns its process (a torchrun job's collector ranks run it too): torch._dynamo stays
+# unimported until something compiles, a second less before the first batch. Installed before the
+# imports below, which bring in torch and tensordict (Hydra and OmegaConf do not).
+lazy_dynamo.install()
 
 from rltrain import checkpoint, distributed, stop_signals
 from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError

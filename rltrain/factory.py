@@ -26,14 +26,20 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint, distributed
-from rltrain.collectors.distributed import report_and_wait
+from rltrain.collectors.local import LocalCollector
+from rltrain.collectors.lockstep import LockstepCollector
+from rltrain.collectors.rank_pool import frame_buffer
+from rltrain.collectors.rank_server import RankServer, report_and_wait
 from rltrain.device import resolve_device
 from rltrain.envs import EnvSpec
 from rltrain.errors import CheckpointError, ConfigError, RunDirError
 from rltrain.loggers import JsonlLogger
+from rltrain.protocols import Collector
 from rltrain.run_dir import RunDirLock, place
 from rltrain.state import TrainState
+from rltrain.sync.base import WeightReceiver, WeightSender
 from rltrain.sync.distributed import CONTACT_FILE
+from rltrain.sync.shared_mem import SharedMemSync
 from rltrain.trainer import Trainer, summarize, write_summary
 from rltrain.validate import validate
 
@@ -121,10 +127,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
 
-    # Plain functools.partial factories of plain values: they pickle into spawned worker processes.
-    make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), **_runtime("env", seed=cfg.seed))
-    env_spec = _probe_spec(make_env)
-    make_policy = _plain_partial(cfg.algo.network, **_runtime("algo.network", env_spec=env_spec))
+    make_env, env_spec, make_policy = _env_and_policy(cfg)
 
     with ExitStack() as cleanup:
         policy = make_policy().to(device)
@@ -173,7 +176,9 @@ def serve_rank(cfg: DictConfig) -> None:
     log in ``ranks/<rank>.log`` there, then collect for rank 0 until it says stop (or is gone)."""
     world = distributed.current()
     validate(cfg)
-    setup = pickle.loads(distributed.wait_for_key(world.store, _SETUP, cfg.collector.get("timeout_s", 60.0)))
+    config = OmegaConf.to_container(_without(cfg.collector, {"_target_"}), resolve=True)
+    timeout_s, envs = config.get("timeout_s", 60.0), config.get("envs_per_rank", 8)
+    setup = pickle.loads(distributed.wait_for_key(world.store, _SETUP, timeout_s))
     if "refused" in setup:
         raise RefusedByLearner(f"rank 0 did not start the run: {setup['refused']}")
     run_dir = Path(setup["run_dir"])
@@ -183,20 +188,55 @@ def serve_rank(cfg: DictConfig) -> None:
     _seed_everything(setup["seed"] + world.rank)  # setup's seed counts a resumed run's frames
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
+    frames = get_class(cfg.collector._target_).rank_frames(config, world.size - 1)
+    receiver = collector = relay = None
     try:
-        make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), seed=cfg.seed)
-        env_spec = _probe_spec(make_env)
-        make_policy = _plain_partial(cfg.algo.network, env_spec=env_spec)
+        make_env, env_spec, make_policy = _env_and_policy(cfg)
         receiver = _construct(cfg.sync).receiver()
-    except Exception as e:  # an env that does not start on this machine: rank 0 shows why
-        report_and_wait(world, f"{type(e).__name__}: {e}", f"collector rank {world.rank}:\n{traceback.format_exc()}",
-                        cfg.collector.get("timeout_s", 60.0))
+        collector, relay = _rank_collector(make_env, make_policy, receiver, env_spec, frames, setup["version"],
+                                           seed=setup["seed"] + (world.rank - 1) * envs, envs_per_rank=envs,
+                                           workers_per_rank=config.get("workers_per_rank", 0),
+                                           start_method=config.get("start_method", "spawn"), timeout_s=timeout_s)
+    except BaseException as e:  # an env that does not start on this machine, say: rank 0 shows why
+        if not isinstance(e, KeyboardInterrupt):
+            report_and_wait(world, f"{type(e).__name__}: {e}",
+                            f"collector rank {world.rank}:\n{traceback.format_exc()}", timeout_s)
+        for part in (collector, relay, receiver):
+            if part is not None:
+                part.close()
         raise
-    config = OmegaConf.to_container(_without(cfg.collector, {"_target_"}), resolve=True)
-    envs = config.get("envs_per_rank", 8)
-    get_class(cfg.collector._target_).serve(world, make_env, make_policy, receiver, env_spec,
-                                            seed=setup["seed"] + (world.rank - 1) * envs, version=setup["version"],
-                                            **config)
+    RankServer(world, collector, receiver, relay, frame_buffer(env_spec, frames // envs, envs), timeout_s).run()
+
+
+def _rank_collector(make_env, make_policy, receiver: WeightReceiver, env_spec: EnvSpec, frames_per_batch: int,
+                    version: int, seed: int, envs_per_rank: int, workers_per_rank: int, start_method: str,
+                    timeout_s: float) -> tuple[Collector, WeightSender | None]:
+    """A collector rank's own collector, acting with weights ``version`` or newer from the start:
+    its ``envs_per_rank`` envs in this process, acting with the received weights in place; or
+    ``workers_per_rank`` lock-step worker processes, to which the weights that reach this rank fan
+    out through shared memory (the relay: a sender of this rank's policy copy, pushed by the rank)."""
+    if not workers_per_rank:
+        collector = LocalCollector(functools.partial(make_env, num_envs=envs_per_rank, seed=seed), make_policy,
+                                   lambda: receiver, frames_per_batch)
+        try:
+            receiver.wait_for(version)
+        except BaseException:
+            collector.close()
+            raise
+        return collector, None
+    policy = make_policy()
+    receiver.connect(policy)
+    receiver.wait_for(version)
+    fan_out = SharedMemSync(timeout_s=timeout_s)
+    relay = fan_out.sender(policy, version=receiver.version)
+    try:
+        collector = LockstepCollector(make_env, make_policy, fan_out.receiver, env_spec, frames_per_batch,
+                                      workers=workers_per_rank, envs_per_worker=envs_per_rank // workers_per_rank,
+                                      start_method=start_method, timeout_s=timeout_s, seed=seed)
+    except BaseException:
+        relay.close()
+        raise
+    return collector, relay
 
 
 def _log_to_file(path: Path) -> None:
@@ -226,6 +266,14 @@ def _runtime(group: str, **objects) -> dict:
     if unstated:
         raise TypeError(f"build() injects {', '.join(sorted(unstated))} into {group}: add it to RUNTIME_ARGS")
     return objects
+
+
+def _env_and_policy(cfg: DictConfig) -> tuple[functools.partial, EnvSpec, functools.partial]:
+    """What makes the env and the policy (plain functools.partial factories of plain values: they pickle
+    into spawned worker processes), and the env's spec, read from one env made for it."""
+    make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), **_runtime("env", seed=cfg.seed))
+    env_spec = _probe_spec(make_env)
+    return make_env, env_spec, _plain_partial(cfg.algo.network, **_runtime("algo.network", env_spec=env_spec))
 
 
 def _plain_partial(node: DictConfig, **kwargs) -> functools.partial:

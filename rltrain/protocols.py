@@ -48,8 +48,9 @@ class Collector(Protocol):
     spans (``collector.frames_per_batch`` must be a multiple of it); ``IN_LEARNER_PROCESS``, whether
     its envs and policy copy live in the learner's process (sync schemes for other processes only,
     such as ``sync=pipe``, cannot reach it); ``ON_OTHER_RANKS``, whether its envs run on the other
-    ranks of a torchrun job (then the class has ``check_job(world, config)`` and a ``serve`` that
-    each collector rank runs, and only a sync scheme that ``REACHES_OTHER_RANKS`` can feed it).
+    ranks of a torchrun job (then the class has ``check_job(world, config)`` and ``rank_frames(config,
+    ranks)``, the frames of one rank's batch, by which build sizes each rank's own collector; and
+    only a sync scheme that ``REACHES_OTHER_RANKS`` can feed it).
     """
 
     BATCH_ENVS: tuple[str, ...] = ()

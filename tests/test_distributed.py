@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ import torch.distributed as dist
 
 from rltrain import build
 from rltrain.checkpoint import listing as checkpoint_listing
+from rltrain.collectors import DistributedCollector
 from rltrain.errors import ConfigError
 from tests.conftest import ROOT, make_config, run_cli
 
@@ -420,6 +422,23 @@ def test_torchrun_with_a_one_machine_collector_is_refused_on_every_rank(tmp_path
 def test_collector_distributed_needs_sync_distributed(tmp_path):
     result = torchrun("collector=distributed", "sync=shared_mem", cwd=tmp_path, nproc=2, timeout=120)
     assert result.returncode != 0 and "use sync=distributed" in result.stdout + result.stderr
+
+
+def test_collector_mode_picks_the_class_with_its_own_batch_rule():
+    world = SimpleNamespace(size=3)  # what check_job reads of a torchrun job: rank 0 learns, two ranks collect
+    assert DistributedCollector.rank_frames({"mode": "lockstep", "frames_per_batch": 512}, 2) == 256  # a share
+    assert DistributedCollector.rank_frames({"mode": "async", "frames_per_batch": 512}, 2) == 512  # a whole batch
+    with pytest.raises(ConfigError, match=re.escape("multiple of collector ranks x collector.envs_per_rank (2 x 8); "
+                                                    "e.g. collector.frames_per_batch=96")):
+        DistributedCollector.check_job(world, {"mode": "lockstep", "frames_per_batch": 100, "envs_per_rank": 8})
+    with pytest.raises(ConfigError, match=re.escape("multiple of collector.envs_per_rank (8); "
+                                                    "e.g. collector.frames_per_batch=96")):
+        DistributedCollector.check_job(world, {"mode": "async", "frames_per_batch": 100, "envs_per_rank": 8})
+    with pytest.raises(ConfigError, match=re.escape("collector.envs_per_rank (8) must be a multiple of "
+                                                    "collector.workers_per_rank (3)")):
+        DistributedCollector.check_job(world, {"mode": "async", "frames_per_batch": 96, "workers_per_rank": 3})
+    with pytest.raises(ConfigError, match="collector.mode must be lockstep or async \\(got 'sync'\\)"):
+        DistributedCollector.check_job(world, {"mode": "sync", "frames_per_batch": 512})
 
 
 def test_an_unreachable_rendezvous_is_named(tmp_path):

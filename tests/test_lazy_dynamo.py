@@ -1,17 +1,22 @@
 """A run that compiles nothing never imports torch._dynamo, and compiling later still sees
-tensordict's marks and torch's optimizer wrappers (rltrain/lazy_dynamo.py)."""
+tensordict's marks and torch's optimizer wrappers (rltrain/lazy_dynamo.py); only processes that
+rltrain owns (the CLI, worker processes) get that: ``import rltrain`` changes nothing in torch."""
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 import textwrap
 
+from rltrain import lazy_dynamo
+from rltrain.envs import BatchedEnv
 from tests.conftest import ROOT
 
 SCRIPT = textwrap.dedent("""
     import sys
-    import rltrain  # installs the finder, as `python -m rltrain` does, before torch and tensordict
+    from rltrain import lazy_dynamo
+    lazy_dynamo.install()  # as rltrain/cli.py does, before torch and tensordict
     import torch
     from tensordict import TensorDict
     from rltrain.algos import PPO, ActorCritic
@@ -66,3 +71,57 @@ def test_a_default_run_never_imports_dynamo(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().splitlines()[-1] == "no dynamo"
     assert (tmp_path / "run" / "summary.json").exists()
+
+
+LIBRARY = textwrap.dedent("""
+    import sys
+    import rltrain
+    from rltrain import build, Trainer  # noqa: F401  (the library's entry points, tensordict included)
+    import torch.optim.optimizer as optimizer
+    from rltrain import lazy_dynamo
+
+    assert not lazy_dynamo.installed(), "import rltrain installed lazy_dynamo's import hook"
+    for name in lazy_dynamo.OPTIMIZER_METHODS:
+        cached = getattr(getattr(optimizer.Optimizer, name).__wrapped__, "__dynamo_disable", None)
+        assert not isinstance(cached, lazy_dynamo._UntilDynamo), f"Optimizer.{name} bypasses torch's wrapper"
+    assert optimizer._use_grad_for_differentiable.__module__ == "torch.optim.optimizer", "step's decorator replaced"
+    import torch.compiler
+    assert not any(isinstance(getattr(torch.compiler, n), lazy_dynamo._Marker) for n in lazy_dynamo.MARKERS)
+    print("untouched")
+""")
+
+
+def test_import_rltrain_as_a_library_leaves_torch_untouched():
+    out = subprocess.run([sys.executable, "-c", LIBRARY], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "untouched", out.stderr[-3000:]
+
+
+def test_the_rltrain_command_installs_it_before_torch_is_imported():
+    script = ("import sys\nimport rltrain.cli\nfrom rltrain import lazy_dynamo\n"
+              "import torch.optim.optimizer as optimizer\n"
+              "assert lazy_dynamo.installed()\n"
+              "assert optimizer._use_grad_for_differentiable.__module__ == 'rltrain.lazy_dynamo'\n"
+              "print('installed')\n")
+    out = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "installed", out.stderr[-3000:]
+
+
+def env_in_a_process_rltrain_owns(**kwargs) -> BatchedEnv:
+    """A worker's env, made only where lazy_dynamo is installed (else the worker fails, naming why)."""
+    assert lazy_dynamo.installed(), "this worker process runs without lazy_dynamo"
+    return BatchedEnv("CartPole-v1", **kwargs)
+
+
+def test_worker_processes_install_it():
+    from rltrain.algos import ActorCritic
+    from rltrain.collectors import LockstepCollector
+    from rltrain.sync import SharedMemSync
+
+    spec = BatchedEnv("CartPole-v1", num_envs=1).spec
+    make_policy = functools.partial(ActorCritic, spec)
+    scheme = SharedMemSync()
+    sender = scheme.sender(make_policy())
+    with LockstepCollector(env_in_a_process_rltrain_owns, make_policy, scheme.receiver, spec, frames_per_batch=8,
+                           workers=1, envs_per_worker=2, timeout_s=60.0) as collector:
+        assert next(iter(collector)).numel() == 8
+    sender.close()

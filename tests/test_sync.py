@@ -149,3 +149,20 @@ def test_a_relay_pushes_the_weights_its_policy_is_bound_to_now():
     sender.push()
     next(batches)
     assert torch.equal(actor.actor[0].weight, torch.full_like(actor.actor[0].weight, 0.25))
+
+
+@pytest.mark.parametrize("scheme", [SharedMemSync, NoSync])
+def test_wait_for_applies_a_pushed_version_and_names_one_that_never_comes(scheme):
+    """What a lock-step collector rank asks of its receiver before each batch (WeightReceiver.wait_for)."""
+    learner, actor, sender, collector = make_pair(scheme())
+    receiver = collector.receiver
+    assert receiver.wait_for(0) == 0
+    with torch.no_grad():
+        learner.actor[0].weight.fill_(0.5)
+    pushed = sender.push()
+    assert receiver.wait_for(pushed) == pushed
+    assert torch.equal(actor.actor[0].weight, learner.actor[0].weight) == scheme.PUSHES
+    with pytest.raises(SyncError, match=f"weights version {pushed + 1} did not arrive within 0.1s"):
+        receiver.wait_for(pushed + 1, timeout_s=0.1)
+    receiver.wait_ended(0.1)  # nothing on its way: returns at once
+    collector.close()

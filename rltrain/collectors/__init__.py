@@ -2,7 +2,8 @@
 
 One class per way of working, over shared pieces (``Rollout``, the ``WorkerPool``, the batch
 buffers): ``LocalCollector`` (in the learner's process), ``LockstepCollector`` and
-``AsyncCollector`` (worker processes), ``DistributedCollector`` (other ranks of a torchrun job).
+``AsyncCollector`` (worker processes), ``LockstepRankCollector`` and ``AsyncRankCollector`` (other
+ranks of a torchrun job; ``DistributedCollector``, what ``collector=distributed`` names, picks one).
 Attributes are imported lazily: a spawned worker imports
 ``rltrain.collectors.worker`` and must not pull in tensordict through this package.
 """
@@ -13,14 +14,18 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from rltrain.collectors.async_ranks import AsyncRankCollector
     from rltrain.collectors.asynchronous import AsyncCollector
     from rltrain.collectors.distributed import DistributedCollector
     from rltrain.collectors.local import LocalCollector
     from rltrain.collectors.lockstep import LockstepCollector
+    from rltrain.collectors.lockstep_ranks import LockstepRankCollector
 
 _MODULES = {"LocalCollector": "local", "LockstepCollector": "lockstep", "AsyncCollector": "asynchronous",
-            "DistributedCollector": "distributed"}
-__all__ = ["AsyncCollector", "DistributedCollector", "LocalCollector", "LockstepCollector"]
+            "DistributedCollector": "distributed", "LockstepRankCollector": "lockstep_ranks",
+            "AsyncRankCollector": "async_ranks"}
+__all__ = ["AsyncCollector", "AsyncRankCollector", "DistributedCollector", "LocalCollector", "LockstepCollector",
+           "LockstepRankCollector"]
 
 
 def __getattr__(name: str):

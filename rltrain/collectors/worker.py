@@ -23,6 +23,7 @@ from multiprocessing.connection import wait
 import numpy as np
 import torch
 
+from rltrain import lazy_dynamo
 from rltrain.collectors.rollout import Rollout
 from rltrain.distributed import exit_without_teardown
 
@@ -44,6 +45,7 @@ def worker_main(
     serve: Callable,
     seed: int = 0,
 ) -> None:
+    lazy_dynamo.install()  # the process is rltrain's: a policy or env importing tensordict pays no dynamo
     # Ctrl-C (or a scheduler's SIGTERM) reaches the whole process group; the learner finishes its
     # step, checkpoints and then stops its workers. A worker also exits once the learner is gone.
     signal.signal(signal.SIGINT, signal.SIG_IGN)

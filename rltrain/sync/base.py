@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 import weakref
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
@@ -26,6 +27,7 @@ log = logging.getLogger("rltrain")
 
 _ALIGN = 64  # bytes; every tensor in a flat snapshot starts on a cache line
 _PARALLEL_COPY_BYTES = 4 << 20
+_WAIT_S, _POLL_S = 60.0, 0.005  # WeightReceiver.wait_for's default bound, and how often it looks meanwhile
 
 # sync.every of every scheme: batches between pushes (WeightPushHook reads it); null never pushes.
 PushEvery = Annotated[int | None, Integer(1, null="never push")]
@@ -72,6 +74,29 @@ class WeightReceiver(ABC):
     @abstractmethod
     def poll(self) -> bool:
         """Apply the newest snapshot if it is newer than ``version``; return whether weights changed."""
+
+    def wait_for(self, version: int, timeout_s: float | None = None) -> int:
+        """Apply weights ``version`` or newer, waiting up to ``timeout_s`` (None: the scheme's own
+        bound, ``sync.timeout_s``, else 60 s) for them to arrive; return the version applied. A
+        lock-step collector rank calls it before each batch (so that a seeded run repeats exactly).
+        Raises SyncError naming the version once the wait is over. This default polls; a scheme
+        whose pushes arrive on a thread of its own wakes up on them instead."""
+        timeout_s = _WAIT_S if timeout_s is None else timeout_s
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self.poll()
+            if self.version >= version:
+                return self.version
+            if time.monotonic() > deadline:
+                raise SyncError(f"weights version {version} did not arrive within {timeout_s:g}s (now at version "
+                                f"{self.version})")
+            time.sleep(_POLL_S)
+
+    def wait_ended(self, timeout_s: float) -> None:
+        """Wait, up to ``timeout_s``, until the learner's last word (after its sender's ``close``)
+        has arrived, so that closing the receiver cuts nothing off; a collector rank calls it when
+        the learner says close. Nothing to wait for by default: only a scheme that receives on a
+        thread of its own has something still on its way."""
 
     def after_spawn(self) -> None:
         """Called in the learner once a worker process holding this receiver has started."""

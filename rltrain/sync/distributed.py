@@ -310,7 +310,8 @@ class DistributedReceiver(WeightReceiver):
         return True
 
     def wait_for(self, version: int, timeout_s: float | None = None) -> int:
-        """Wait until weights ``version`` (or newer) arrived, apply them, and return the version."""
+        """Wait until weights ``version`` (or newer) arrived, apply them, and return the version
+        (woken by the receiving thread; None: ``sync.timeout_s``)."""
         timeout_s = self._timeout_s if timeout_s is None else timeout_s
         deadline = time.monotonic() + timeout_s
         while True:
