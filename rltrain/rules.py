@@ -207,10 +207,12 @@ def parameter_defaults(target: Callable) -> dict[str, Any]:
 
 
 def _constructors(target: Callable) -> list[Callable]:
-    """``target`` itself, or a class's ``__init__`` and its bases', the furthest base first."""
+    """``target`` itself, or a class's ``__init__`` (or ``__new__``, for a class that constructs
+    another: ``collector=distributed``) and its bases', the furthest base first."""
     if not isinstance(target, type):
         return [inspect.unwrap(target)]
-    return [inspect.unwrap(vars(c)["__init__"]) for c in reversed(target.__mro__) if "__init__" in vars(c)]
+    return [inspect.unwrap(vars(c)[name]) for c in reversed(target.__mro__) if c is not object
+            for name in ("__new__", "__init__") if name in vars(c)]
 
 
 def _hints(fn: Callable) -> dict[str, Any]:

@@ -24,10 +24,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rltrain import distributed
 from rltrain.algos.update_step import compile_enabled, cuda_graph_enabled
-from rltrain.collectors.batch import MaxLag, batch_steps
-from rltrain.collectors.distributed import MODES as DISTRIBUTED_MODES
-from rltrain.collectors.distributed import DistributedCollector
-from rltrain.collectors.pool import StartMethod
+from rltrain.collectors.batch import batch_steps
 from rltrain.device import DEVICES, resolve_device
 from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.envs.spaces import flat_leaves
@@ -35,7 +32,7 @@ from rltrain.envs.vector import make_envs
 from rltrain.errors import ConfigError
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector, missing_members
-from rltrain.rules import Integer, Number, OneOf, Rule, Satisfies, parameter_defaults, parameter_rules
+from rltrain.rules import Integer, OneOf, Rule, Satisfies, parameter_defaults, parameter_rules
 from rltrain.sync.base import WeightSyncScheme
 from rltrain.trainer import OBJECTIVES, Trainer
 
@@ -58,14 +55,6 @@ TOP_LEVEL_RULES: dict[str, Rule] = {
 }
 # The parts with a _target_ (logger and hooks: one per name below them); None: may be left out.
 PARTS = {"env": "env", "algo": "algo", "algo.network": None, "collector": "collector", "sync": "sync"}
-# collector=distributed's rules until rltrain/collectors/distributed.py annotates its parameters itself
-# (issue 24: the lead moves them there at merge, then this goes).
-_PENDING_RULES: dict[type, dict[str, Rule]] = {DistributedCollector: {
-    "frames_per_batch": Integer(1), "envs_per_rank": Integer(1),
-    "workers_per_rank": Integer(0, note="0: a rank steps its envs itself"), "mode": OneOf(DISTRIBUTED_MODES),
-    "max_lag": MaxLag.__metadata__[0], "start_method": StartMethod.__metadata__[0], "timeout_s": Number(above=0)}}
-
-
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first problem found in ``cfg``."""
     # What build() injects and consumes itself, as the factory states it (imported here: the factory imports this).
@@ -184,7 +173,7 @@ def _check_part(cfg: DictConfig, path: str, target, owner: str, runtime: Iterabl
                 raise ConfigError(f"{path}.{key} is set by rltrain at build time; remove it from the config")
         allowed = [p for p in params if p not in runtime and p != "self"]
         _check_keys(f"{path}.", values, [*allowed, *wiring], owner, listed=allowed)
-    rules = {**_PENDING_RULES.get(target, {}), **parameter_rules(target)}
+    rules = parameter_rules(target)
     for key, value in values.items():
         if key in rules:
             rules[key].check(f"{path}.{key}", value)

@@ -33,7 +33,7 @@ class AsyncRankCollector(Collector):
         """ConfigError for a job this collector cannot run in (checked on every rank by validate)."""
         collector_ranks(world)
         envs = config.get("envs_per_rank", 8)
-        check_rank_batch(config["frames_per_batch"], envs, f"collector.envs_per_rank ({envs})", envs,
+        check_rank_batch(config["frames_per_batch"], envs, "collector.envs_per_rank", str(envs), envs,
                          config.get("workers_per_rank", 0))
 
     @staticmethod

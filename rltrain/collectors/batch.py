@@ -16,12 +16,14 @@ from rltrain.rules import Integer
 MaxLag = Annotated[int | None, Integer(0, null="")]
 
 
-def batch_steps(frames_per_batch: int, envs: int, what: str) -> int:
+def batch_steps(frames_per_batch: int, envs: int, what: str, how_many: str | None = None) -> int:
     """The env steps of one batch of ``frames_per_batch`` frames over ``envs`` envs, which must divide
-    it (``what`` says where ``envs`` comes from: ``env.num_envs``). The config check (a collector's
-    ``BATCH_ENVS``) and every collector's constructor ask this one rule."""
+    it (``what`` says where ``envs`` comes from: ``env.num_envs``; ``how_many``, its value in those
+    terms, ``2 x 8``: by default ``envs``). The config check (a collector's ``BATCH_ENVS``) and every
+    collector's constructor ask this one rule."""
     if frames_per_batch % envs:
-        raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of {what} ({envs}); "
+        raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of {what} "
+                          f"({how_many or envs}); "
                           f"e.g. collector.frames_per_batch={max(1, frames_per_batch // envs) * envs}")
     return frames_per_batch // envs
 

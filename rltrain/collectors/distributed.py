@@ -15,22 +15,28 @@ rank's batch arrives on its own). Their shared part is ``rank_pool``; a rank's b
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from rltrain import distributed as rd
 from rltrain.collectors.async_ranks import AsyncRankCollector
+from rltrain.collectors.batch import MaxLag
 from rltrain.collectors.lockstep_ranks import LockstepRankCollector
+from rltrain.collectors.pool import StartMethod
 from rltrain.envs.batched import EnvSpec
-from rltrain.errors import ConfigError
 from rltrain.protocols import Collector
+from rltrain.rules import Integer, OneOf, PositiveInt, PositiveNumber
 
 KINDS: dict[str, type[LockstepRankCollector | AsyncRankCollector]] = {
     "lockstep": LockstepRankCollector, "async": AsyncRankCollector}
 MODES = tuple(KINDS)
 
 
+MODE = OneOf(MODES)
+
+
 def kind(mode: str) -> type[LockstepRankCollector | AsyncRankCollector]:
     """The class of ``collector.mode``, or ConfigError naming the modes there are."""
-    if mode not in KINDS:
-        raise ConfigError(f"collector.mode must be {' or '.join(MODES)} (got {mode!r})")
+    MODE.check("collector.mode", mode)
     return KINDS[mode]
 
 
@@ -51,9 +57,10 @@ class DistributedCollector(Collector):
         """The frames of one collector rank's batch (``serve_rank`` sizes the rank's collector by it)."""
         return kind(config.get("mode", "lockstep")).rank_frames(config, ranks)
 
-    def __new__(cls, env_spec: EnvSpec, frames_per_batch: int, sender, mode: str = "lockstep",
-                envs_per_rank: int = 8, workers_per_rank: int = 0, max_lag: int | None = 2,
-                start_method: str = "spawn", timeout_s: float = 60.0):
+    def __new__(cls, env_spec: EnvSpec, frames_per_batch: PositiveInt, sender,
+                mode: Annotated[str, MODE] = "lockstep", envs_per_rank: PositiveInt = 8,
+                workers_per_rank: Annotated[int, Integer(0, note="0: a rank steps its envs itself")] = 0,
+                max_lag: MaxLag = 2, start_method: StartMethod = "spawn", timeout_s: PositiveNumber = 60.0):
         return kind(mode)(env_spec, frames_per_batch, sender, envs_per_rank=envs_per_rank,
                           workers_per_rank=workers_per_rank, max_lag=max_lag, start_method=start_method,
                           timeout_s=timeout_s)

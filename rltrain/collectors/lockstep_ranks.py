@@ -43,9 +43,8 @@ class LockstepRankCollector(Collector):
     def check_job(world: rd.World | None, config: dict) -> None:
         """ConfigError for a job this collector cannot run in (checked on every rank by validate)."""
         ranks, envs = collector_ranks(world), config.get("envs_per_rank", 8)
-        check_rank_batch(config["frames_per_batch"], ranks * envs,
-                         f"collector ranks x collector.envs_per_rank ({ranks} x {envs})", envs,
-                         config.get("workers_per_rank", 0))
+        check_rank_batch(config["frames_per_batch"], ranks * envs, "collector ranks x collector.envs_per_rank",
+                         f"{ranks} x {envs}", envs, config.get("workers_per_rank", 0))
 
     @staticmethod
     def rank_frames(config: dict, ranks: int) -> int:

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from rltrain import distributed as rd
+from rltrain.collectors.batch import batch_steps
 from rltrain.collectors.rollout import frame_layout
 from rltrain.envs.batched import EnvSpec
 from rltrain.errors import CollectorError, ConfigError
@@ -40,12 +41,11 @@ def collector_ranks(world: rd.World | None) -> int:
     return world.size - 1
 
 
-def check_rank_batch(frames_per_batch: int, span: int, what: str, envs_per_rank: int, workers_per_rank: int) -> None:
-    """ConfigError for a batch that the ``span`` envs it gathers (``what``, in config keys) do not
-    divide, or envs that do not split evenly over a rank's workers."""
-    if frames_per_batch % span:
-        raise ConfigError(f"collector.frames_per_batch ({frames_per_batch}) must be a multiple of {what}; e.g. "
-                          f"collector.frames_per_batch={max(1, frames_per_batch // span) * span}")
+def check_rank_batch(frames_per_batch: int, span: int, what: str, how_many: str, envs_per_rank: int,
+                     workers_per_rank: int) -> None:
+    """ConfigError for a batch that the ``span`` envs it gathers (``what``, in config keys, and
+    ``how_many`` of them) do not divide, or envs that do not split evenly over a rank's workers."""
+    batch_steps(frames_per_batch, span, what, how_many)
     if workers_per_rank and envs_per_rank % workers_per_rank:
         raise ConfigError(f"collector.envs_per_rank ({envs_per_rank}) must be a multiple of collector.workers_per_rank "
                           f"({workers_per_rank}): each worker steps the same number of envs")
