@@ -29,9 +29,9 @@ def fill(sac, spec, frames: int) -> None:
 def run(ctx) -> list[Table]:
     from rltrain import checkpoint
     from rltrain.algos import SAC, SquashedGaussianActor
-    from rltrain.envs import BatchedEnv
+    from rltrain.envs import GymnasiumBatchedEnv
 
-    spec = BatchedEnv("HalfCheetah-v5", num_envs=1).spec
+    spec = GymnasiumBatchedEnv("HalfCheetah-v5", num_envs=1).spec
     table = Table(f"{TITLE} of SAC with a full replay buffer: seconds, median [p10-p90]",
                   ["write", "read", "buffer copy"], ratio_to=None)
     for frames in [100_000] if ctx.quick else [100_000, 1_000_000]:

@@ -47,10 +47,10 @@ def rltrain_collector(env_id: str, envs: int, kind: str, frames_per_batch: int |
     """kind: local (one process), lockstep or async (``workers`` worker processes of ``envs`` envs each)."""
     from rltrain.algos import ActorCritic
     from rltrain.collectors import AsyncCollector, LocalCollector, LockstepCollector
-    from rltrain.envs import BatchedEnv, make_envs
+    from rltrain.envs import GymnasiumBatchedEnv, make_envs
     from rltrain.sync import SharedMemSync
 
-    spec = BatchedEnv(env_id, num_envs=1).spec
+    spec = GymnasiumBatchedEnv(env_id, num_envs=1).spec
     make_policy = functools.partial(ActorCritic, spec)
     scheme = SharedMemSync()
     scheme.sender(make_policy())
@@ -60,7 +60,7 @@ def rltrain_collector(env_id: str, envs: int, kind: str, frames_per_batch: int |
     else:
         cls = {"lockstep": LockstepCollector, "async": AsyncCollector}[kind]
         per_batch = frames_per_batch or (workers if kind == "lockstep" else 1) * envs * 32
-        collector = cls(make_env=functools.partial(BatchedEnv, env_id), make_policy=make_policy,
+        collector = cls(make_env=functools.partial(GymnasiumBatchedEnv, env_id), make_policy=make_policy,
                         make_receiver=scheme.receiver, env_spec=spec, frames_per_batch=per_batch, workers=workers,
                         envs_per_worker=envs)
     batches = iter(collector)

@@ -38,19 +38,19 @@ def _broadcast(group, tensor) -> None:
 def raw_receiver(address, rank: int, size: int, nbytes: int, tensor_sizes: list[int]) -> None:
     import torch
 
-    from rltrain import distributed as rd
+    from rltrain import process_groups
 
     torch.set_num_threads(1)
-    group = rd.gloo_group(address.connect(30), "raw", rank, size, 60, loopback=True)
+    group = process_groups.gloo_group(address.connect(30), "raw", rank, size, 60, loopback=True)
     flat = torch.empty(nbytes, dtype=torch.uint8)
     small = [torch.empty(n) for n in tensor_sizes]
     while True:
-        kind, _, _ = rd.recv_header(group, 0, 600)
+        kind, _, _ = process_groups.recv_header(group, 0, 600)
         if kind == STOP:
             return
         for t in [flat] if kind == RAW else small:
             _broadcast(group, t)
-        rd.send_frame(group, 0, kind)
+        process_groups.send_frame(group, 0, kind)
 
 
 def raw_floor(net, receivers: int, repeats: int, many=None) -> tuple[list[float], list[float] | None]:
@@ -59,18 +59,18 @@ def raw_floor(net, receivers: int, repeats: int, many=None) -> tuple[list[float]
     one set of receivers: starting them (torch imported in each) is most of what a floor costs."""
     import torch
 
-    from rltrain import distributed as rd
+    from rltrain import process_groups
 
     nbytes = 4 * sum(t.numel() for t in net.state_dict().values())
     tensor_sizes = [] if many is None else [t.numel() for t in many.state_dict().values()]
     ctx = mp.get_context("spawn")
-    server, address = rd.local_store(30)
+    server, address = process_groups.local_store(30)
     procs = [ctx.Process(target=raw_receiver, args=(address, r, receivers + 1, nbytes, tensor_sizes), daemon=True)
              for r in range(1, receivers + 1)]
     for p in procs:
         p.start()
     try:
-        group = rd.gloo_group(server, "raw", 0, receivers + 1, 60, loopback=True)
+        group = process_groups.gloo_group(server, "raw", 0, receivers + 1, 60, loopback=True)
         flat = torch.randn(nbytes // 4).view(torch.uint8)
         small = [torch.randn(n) for n in tensor_sizes]
         results = {}
@@ -79,15 +79,15 @@ def raw_floor(net, receivers: int, repeats: int, many=None) -> tuple[list[float]
             for _ in range(repeats + 2):
                 t0 = time.perf_counter()
                 for r in range(1, receivers + 1):
-                    rd.send_frame(group, r, kind)
+                    process_groups.send_frame(group, r, kind)
                 for t in tensors:
                     _broadcast(group, t)
                 for r in range(1, receivers + 1):
-                    rd.recv_header(group, r, 60)
+                    process_groups.recv_header(group, r, 60)
                 times.append((time.perf_counter() - t0) * 1e3)
             results[kind] = times[2:]
         for r in range(1, receivers + 1):
-            rd.send_frame(group, r, STOP)
+            process_groups.send_frame(group, r, STOP)
     finally:
         for p in procs:
             p.join(timeout=10)

@@ -308,26 +308,16 @@ def _upgrade(checkpoint: dict[str, Any]) -> dict[str, Any]:
 
 # Format 1's flat "trainer" keys (rltrain up to 2026-12-03): where format 2 keeps each, and its value
 # in the files written before that key existed.
-_FORMAT_1_TRAINER = {
-    "frames": ("progress", "frames", 0),
-    "batches": ("progress", "batches", 0),
-    "updates": ("progress", "updates", 0),
-    "solved_at_frames": ("progress", "solved_at_frames", None),
-    "mid_update_frames": ("progress", "mid_update_frames", 0),
-    "episodes": ("episodes", "count", 0),
-    "recent_returns": ("episodes", "recent_returns", []),
-    "recent_lengths": ("episodes", "recent_lengths", []),
-    "version": ("sync", "version", 0),
-    "pushes": ("sync", "pushes", 0),
-    "lag_sum": ("sync", "lag_sum", 0.0),
-    "lag_max": ("sync", "lag_max", 0),
-    "dropped_batches": ("sync", "dropped_batches", 0),
-    "dropped_frames": ("sync", "dropped_frames", 0),
-    "eval_return": ("evals", "last_return", None),
-    "eval_return_sum": ("evals", "return_sum", 0.0),
-    "evaluations": ("evals", "count", 0),
-    "nonfinite_frames": ("nonfinite", "env_frames", 0),
-    "skipped_steps": ("nonfinite", "skipped_steps", 0),
+_FORMAT_1_TRAINER: dict[str, dict[str, tuple[str, Any]]] = {  # record: {format 1's key: (format 2's, default)}
+    "progress": {"frames": ("frames", 0), "batches": ("batches", 0), "updates": ("updates", 0),
+                 "solved_at_frames": ("solved_at_frames", None), "mid_update_frames": ("mid_update_frames", 0)},
+    "episodes": {"episodes": ("count", 0), "recent_returns": ("recent_returns", []),
+                 "recent_lengths": ("recent_lengths", [])},
+    "sync": {"version": ("version", 0), "pushes": ("pushes", 0), "lag_sum": ("lag_sum", 0.0), "lag_max": ("lag_max", 0),
+             "dropped_batches": ("dropped_batches", 0), "dropped_frames": ("dropped_frames", 0)},
+    "evals": {"eval_return": ("last_return", None), "eval_return_sum": ("return_sum", 0.0),
+              "evaluations": ("count", 0)},
+    "nonfinite": {"nonfinite_frames": ("env_frames", 0), "skipped_steps": ("skipped_steps", 0)},
 }
 
 
@@ -338,9 +328,8 @@ def _from_format_1(saved: dict[str, Any]) -> dict[str, Any]:
     An algo of the files written before it counted NaN/inf steps or saved a stopped update gets None
     for those (counting starts at the resume; no update pending)."""
     flat = saved[TRAINER_KEY]
-    trainer: dict[str, dict[str, Any]] = {"progress": {}, "episodes": {}, "sync": {}, "evals": {}, "nonfinite": {}}
-    for old, (record, name, before) in _FORMAT_1_TRAINER.items():
-        trainer[record][name] = flat.get(old, before)
+    trainer: dict[str, Any] = {record: {name: flat.get(old, before) for old, (name, before) in keys.items()}
+                               for record, keys in _FORMAT_1_TRAINER.items()}
     trainer["window"] = {"latest": {}, **flat["window"]}
     trainer["timer"] = flat["timer"]
     algo = {"nonfinite": None, "pending": None, **saved[ALGO_KEY]}

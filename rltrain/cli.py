@@ -34,7 +34,7 @@ from rltrain import lazy_dynamo
 # imports below, which bring in torch and tensordict (Hydra and OmegaConf do not).
 lazy_dynamo.install()
 
-from rltrain import checkpoint, distributed, stop_signals
+from rltrain import checkpoint, process_groups, stop_signals
 from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError
 from rltrain.factory import RefusedByLearner, build, serve_rank
 from rltrain.help import config_help
@@ -66,7 +66,7 @@ _SWEEP_EXTRA = {"hydra-optuna-sweeper", "hydra-joblib-launcher", "hydra-submitit
 def run(cfg: DictConfig) -> float | None:
     """Train one run; returns its ``objective`` (the final evaluation return unless the config says
     otherwise), what an optimizing sweeper such as Optuna maximizes."""
-    world = distributed.current()
+    world = process_groups.current()
     if world is not None and world.rank != 0:
         return _collect_on_rank(cfg, world)
     with stop_signals.at_once() as seen:
@@ -104,10 +104,10 @@ def run(cfg: DictConfig) -> float | None:
     return summary[cfg.get("objective", "eval_return")]
 
 
-def _collect_on_rank(cfg: DictConfig, world: distributed.World) -> None:
+def _collect_on_rank(cfg: DictConfig, world: process_groups.World) -> None:
     """A collector rank: collect for rank 0 until it stops; failures go to rank 0 (which shows
     them), to this rank's log (ranks/<rank>.log) and to the exit code. The process then leaves
-    without the interpreter's teardown (``distributed.exit_without_teardown``)."""
+    without the interpreter's teardown (``process_groups.exit_without_teardown``)."""
     code = 0
     with stop_signals.at_once() as seen:
         try:
@@ -116,10 +116,10 @@ def _collect_on_rank(cfg: DictConfig, world: distributed.World) -> None:
             code = e.code if isinstance(e.code, int) else EXIT_FAILED
         except BaseException as e:  # noqa: BLE001
             code = _rank_failure(e, world, seen)
-    distributed.exit_without_teardown(code)
+    process_groups.exit_without_teardown(code)
 
 
-def _rank_failure(e: BaseException, world: distributed.World, seen) -> int:
+def _rank_failure(e: BaseException, world: process_groups.World, seen) -> int:
     """Report a collector rank's failure as the CLI does for the learner; returns the exit code."""
     try:
         if isinstance(e, _REFUSED):
@@ -236,7 +236,7 @@ def check_command_line(args: list[str]) -> None:
 def main() -> None:
     check_command_line(sys.argv[1:])
     try:
-        world = distributed.current()  # under torchrun: reach the job's store before Hydra makes the run dir
+        world = process_groups.current()  # under torchrun: reach the job's store before Hydra makes the run dir
     except (ConfigError, ConnectionError) as e:
         print(f"rltrain: {e}", file=sys.stderr)
         sys.exit(EXIT_REFUSED)

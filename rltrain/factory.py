@@ -25,7 +25,7 @@ import torch
 from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
-from rltrain import checkpoint, distributed
+from rltrain import checkpoint, process_groups
 from rltrain.collectors.local import LocalCollector
 from rltrain.collectors.lockstep import LockstepCollector
 from rltrain.collectors.rank_pool import frame_buffer
@@ -81,7 +81,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
     In a torchrun job this is rank 0 (the learner); it tells the collector ranks (``serve_rank``)
     the run dir, or why the run was refused.
     """
-    world = distributed.current()
+    world = process_groups.current()
     if world is not None and world.rank != 0:
         raise ConfigError(f"build() makes the learner, which is rank 0; this is rank {world.rank} of a torchrun job, "
                           "which collects: rltrain.factory.serve_rank(cfg)")
@@ -93,7 +93,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
         raise
 
 
-def _build(cfg: DictConfig, run_dir: str | Path | None, world: distributed.World | None) -> Trainer:
+def _build(cfg: DictConfig, run_dir: str | Path | None, world: process_groups.World | None) -> Trainer:
     validate(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     placement = place(cfg.get("resume"), resolved, run_dir)
@@ -174,11 +174,11 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
 def serve_rank(cfg: DictConfig) -> None:
     """Run this process as collector rank ``RANK`` of a torchrun job: rank 0's run dir, this rank's
     log in ``ranks/<rank>.log`` there, then collect for rank 0 until it says stop (or is gone)."""
-    world = distributed.current()
+    world = process_groups.current()
     validate(cfg)
     config = OmegaConf.to_container(_without(cfg.collector, {"_target_"}), resolve=True)
     timeout_s, envs = config.get("timeout_s", 60.0), config.get("envs_per_rank", 8)
-    setup = pickle.loads(distributed.wait_for_key(world.store, _SETUP, timeout_s))
+    setup = pickle.loads(process_groups.wait_for_key(world.store, _SETUP, timeout_s))
     if "refused" in setup:
         raise RefusedByLearner(f"rank 0 did not start the run: {setup['refused']}")
     run_dir = Path(setup["run_dir"])

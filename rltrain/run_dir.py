@@ -43,7 +43,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from rltrain import checkpoint, distributed
+from rltrain import checkpoint, process_groups
 from rltrain.errors import RunDirError
 
 LOCK_FILE = "run.lock"
@@ -205,20 +205,20 @@ def unique_dir(path: str) -> str:
     """The ``rltrain.unique_dir`` resolver of the default run and sweep dirs (cached by OmegaConf,
     so every read of one config gets the dir it claimed). In a torchrun job rank 0 claims it and
     every other rank takes rank 0's (their clocks, and so ``${now:...}``, may differ)."""
-    world = distributed.current()
+    world = process_groups.current()
     if world is None:
         return str(claim_unique(path))
     if world.rank == 0:
         claimed = str(claim_unique(path).resolve())
         world.store.set(_HYDRA_DIR, claimed)
         return claimed
-    return distributed.wait_for_key(world.store, _HYDRA_DIR, 120.0).decode()
+    return process_groups.wait_for_key(world.store, _HYDRA_DIR, 120.0).decode()
 
 
 def log_file(path: str) -> str:
     """The ``rltrain.log_file`` resolver of Hydra's log file: ``path`` on rank 0 (or outside a
     torchrun job); the other ranks log to ``ranks/<rank>.log`` in the run dir once they know it."""
-    world = distributed.current()
+    world = process_groups.current()
     return path if world is None or world.rank == 0 else os.devnull
 
 

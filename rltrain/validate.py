@@ -22,7 +22,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from rltrain import distributed
+from rltrain import process_groups
 from rltrain.algos.update_step import compile_enabled, cuda_graph_enabled
 from rltrain.collectors.batch import batch_steps
 from rltrain.device import DEVICES, resolve_device
@@ -223,7 +223,7 @@ def _value(cfg: DictConfig, parts: dict[str, tuple[type, dict]], key: str) -> An
 def _check_job(cfg: DictConfig, collector: type, sync: type) -> None:
     """A torchrun job of several processes needs a collector that runs on the other ranks, and
     such a collector needs a sync scheme that reaches them (the same check on every rank)."""
-    world = distributed.current()
+    world = process_groups.current()
     on_ranks = capability(collector, Collector, "ON_OTHER_RANKS")
     if on_ranks:
         collector.check_job(world, OmegaConf.to_container(cfg.collector, resolve=True))

@@ -41,7 +41,7 @@ def test_a_class_configured_by_one_yaml_has_that_yamls_values_as_its_defaults():
             places[node["_target_"]].append((where, node))
     checked, mismatches = 0, []
     for target, [*found] in places.items():
-        if len(found) != 1:  # e.g. BatchedEnv, configured by every env/*.yaml
+        if len(found) != 1:  # e.g. GymnasiumBatchedEnv, configured by every env/*.yaml
             continue
         where, node = found[0]
         params = inspect.signature(get_class(target)).parameters

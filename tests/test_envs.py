@@ -14,13 +14,13 @@ import tests.toy_envs  # noqa: F401  (registers Counting-v0)
 from rltrain.algos import ActorCritic
 from rltrain.algos.advantages import gae
 from rltrain.collectors import LocalCollector
-from rltrain.envs import BatchedEnv
+from rltrain.envs import GymnasiumBatchedEnv
 from rltrain.sync import SharedMemSync
 from tests.conftest import ROOT
 
 
 def collect_one_batch(env_id: str, num_envs: int, frames: int):
-    env = BatchedEnv(env_id, num_envs=num_envs, seed=0)
+    env = GymnasiumBatchedEnv(env_id, num_envs=num_envs, seed=0)
     policy = ActorCritic(env.spec)
     scheme = SharedMemSync()
     scheme.sender(policy)
@@ -62,7 +62,7 @@ def test_termination_does_not_bootstrap():
 
 
 def test_continuous_actions_reach_the_env_clipped_to_its_box_but_are_stored_raw():
-    env = BatchedEnv("tests.toy_envs:RecordAction-v0", num_envs=2, seed=0)
+    env = GymnasiumBatchedEnv("tests.toy_envs:RecordAction-v0", num_envs=2, seed=0)
     policy = ActorCritic(env.spec, init_log_std=2.0)  # wide Gaussian: many samples beyond +-1
     scheme = SharedMemSync()
     scheme.sender(policy)
@@ -87,13 +87,13 @@ def test_env_kwargs_reach_gymnasium_make(tmp_path):
 
 @pytest.mark.parametrize("env_id", ["CartPole-v1", "Pendulum-v1", "HalfCheetah-v5"])
 def test_saved_envs_continue_mid_episode_exactly(env_id):
-    env = BatchedEnv(env_id, num_envs=2, seed=4)
+    env = GymnasiumBatchedEnv(env_id, num_envs=2, seed=4)
     env.reset()
     actions = [np.stack([env.envs[0].action_space.sample() for _ in range(2)]) for _ in range(60)]
     for a in actions[:30]:
         env.step(a)
     state = env.state_dict()
-    restored = BatchedEnv(env_id, num_envs=2, seed=99)  # other seed, never reset: all state comes from `state`
+    restored = GymnasiumBatchedEnv(env_id, num_envs=2, seed=99)  # other seed, never reset: all state comes from `state`
     restored.load_state_dict(state)
     for a in actions[30:]:  # the same trajectories, terminations and resets included
         expected = [x.copy() for x in env.step(a)]

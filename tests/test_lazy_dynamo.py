@@ -10,7 +10,7 @@ import sys
 import textwrap
 
 from rltrain import lazy_dynamo
-from rltrain.envs import BatchedEnv
+from rltrain.envs import GymnasiumBatchedEnv
 from tests.conftest import ROOT
 
 SCRIPT = textwrap.dedent("""
@@ -20,9 +20,9 @@ SCRIPT = textwrap.dedent("""
     import torch
     from tensordict import TensorDict
     from rltrain.algos import PPO, ActorCritic
-    from rltrain.envs import BatchedEnv
+    from rltrain.envs import GymnasiumBatchedEnv
 
-    env = BatchedEnv("CartPole-v1", num_envs=2, seed=0)
+    env = GymnasiumBatchedEnv("CartPole-v1", num_envs=2, seed=0)
     policy = ActorCritic(env.spec)
     ppo = PPO(policy, total_frames=1000, minibatch_size=8, epochs=2)
     twin = ActorCritic(env.spec)
@@ -106,10 +106,10 @@ def test_the_rltrain_command_installs_it_before_torch_is_imported():
     assert out.returncode == 0 and out.stdout.strip() == "installed", out.stderr[-3000:]
 
 
-def env_in_a_process_rltrain_owns(**kwargs) -> BatchedEnv:
+def env_in_a_process_rltrain_owns(**kwargs) -> GymnasiumBatchedEnv:
     """A worker's env, made only where lazy_dynamo is installed (else the worker fails, naming why)."""
     assert lazy_dynamo.installed(), "this worker process runs without lazy_dynamo"
-    return BatchedEnv("CartPole-v1", **kwargs)
+    return GymnasiumBatchedEnv("CartPole-v1", **kwargs)
 
 
 def test_worker_processes_install_it():
@@ -117,7 +117,7 @@ def test_worker_processes_install_it():
     from rltrain.collectors import LockstepCollector
     from rltrain.sync import SharedMemSync
 
-    spec = BatchedEnv("CartPole-v1", num_envs=1).spec
+    spec = GymnasiumBatchedEnv("CartPole-v1", num_envs=1).spec
     make_policy = functools.partial(ActorCritic, spec)
     scheme = SharedMemSync()
     sender = scheme.sender(make_policy())

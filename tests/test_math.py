@@ -11,11 +11,12 @@ from torch.distributions import Categorical, Normal
 
 from rltrain.algos import ActorCritic
 from rltrain.algos.advantages import gae
-from rltrain.envs import BatchedEnv, ObsNormalizer, ReturnNormalizer
+from rltrain.algos.normalization import ObsNormalizer, ReturnNormalizer
+from rltrain.envs import GymnasiumBatchedEnv
 
 
 def test_gaussian_log_prob_and_entropy_match_torch_distributions():
-    spec = BatchedEnv("Pendulum-v1", num_envs=1).spec
+    spec = GymnasiumBatchedEnv("Pendulum-v1", num_envs=1).spec
     policy = ActorCritic(spec, init_log_std=-0.3)
     obs = torch.randn(64, 3)
     action, log_prob = policy.act(obs)
@@ -28,7 +29,7 @@ def test_gaussian_log_prob_and_entropy_match_torch_distributions():
 
 
 def test_categorical_sampling_log_prob_and_entropy_match_torch_distributions():
-    spec = BatchedEnv("CartPole-v1", num_envs=1).spec
+    spec = GymnasiumBatchedEnv("CartPole-v1", num_envs=1).spec
     policy = ActorCritic(spec)
     with torch.no_grad():
         policy.actor[-1].bias.copy_(torch.tensor([0.0, 1.0]))  # P(action 1) = e / (1 + e) = 0.731

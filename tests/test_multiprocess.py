@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from rltrain.collectors import AsyncCollector, LockstepCollector
-from rltrain.envs import BatchedEnv
+from rltrain.envs import GymnasiumBatchedEnv
 from rltrain.errors import CollectorError
 from rltrain.sync import NoSync, PipeSync, SharedMemSync
 from tests.policies_for_tests import MarkerPolicy
@@ -57,12 +57,12 @@ def no_leftovers(monkeypatch):
 
 def start(scheme, mode="lockstep", env_id="CartPole-v1", workers=2, envs_per_worker=2, frames_per_batch=None,
           policy_size=1, timeout_s=20.0, learner=None, **env_kwargs):
-    spec = BatchedEnv("CartPole-v1", num_envs=1).spec
+    spec = GymnasiumBatchedEnv("CartPole-v1", num_envs=1).spec
     learner = learner if learner is not None else MarkerPolicy(spec)
     sender = scheme.sender(learner)
     frames = frames_per_batch or (workers * envs_per_worker * 8 if mode == "lockstep" else envs_per_worker * 8)
     collector = {"lockstep": LockstepCollector, "async": AsyncCollector}[mode](
-        make_env=functools.partial(BatchedEnv, env_id, kwargs=env_kwargs or None),
+        make_env=functools.partial(GymnasiumBatchedEnv, env_id, kwargs=env_kwargs or None),
         make_policy=functools.partial(MarkerPolicy, spec, size=policy_size),
         make_receiver=scheme.receiver, env_spec=spec, frames_per_batch=frames, workers=workers,
         envs_per_worker=envs_per_worker, timeout_s=timeout_s)
@@ -90,7 +90,7 @@ def test_every_worker_acts_with_the_pushed_parameters_and_buffers(scheme_name, n
 
 
 def test_sync_none_workers_keep_the_learners_initial_weights(no_leftovers):
-    spec = BatchedEnv("CartPole-v1", num_envs=1).spec
+    spec = GymnasiumBatchedEnv("CartPole-v1", num_envs=1).spec
     learner = MarkerPolicy(spec)
     learner.mark(3.0)
     learner, sender, collector = start(NoSync(), learner=learner)

@@ -33,14 +33,15 @@ def test_a_nonfinite_observation_or_reward_stops_the_run_naming_the_env_step_and
 
 
 def test_a_nonfinite_observation_from_reset_is_named_too():
-    from rltrain.envs import BatchedEnv
+    from rltrain.envs import GymnasiumBatchedEnv
 
-    env = BatchedEnv("tests.toy_envs:NonFinite-v0", num_envs=3, kwargs={"key": "reset_observation", "value": "-inf"})
+    env = GymnasiumBatchedEnv("tests.toy_envs:NonFinite-v0", num_envs=3,
+                              kwargs={"key": "reset_observation", "value": "-inf"})
     with pytest.raises(EnvError, match=r"\(env 0 of 3\) returned a non-finite observation \(\[-inf, 0.0, 0.0, 0.0\]\) "
                                        r"from reset\(\) at its step 0"):
         env.reset()
-    replacing = BatchedEnv("tests.toy_envs:NonFinite-v0", num_envs=3, kwargs={"key": "reset_observation"},
-                           nonfinite="replace")
+    replacing = GymnasiumBatchedEnv("tests.toy_envs:NonFinite-v0", num_envs=3, kwargs={"key": "reset_observation"},
+                                    nonfinite="replace")
     assert replacing.reset().tolist() == [[0.0] * 4] * 3 and replacing.replaced.all()
 
 

@@ -11,7 +11,7 @@ from tensordict import TensorDict
 from rltrain import build
 from rltrain.algos import SAC, SquashedGaussianActor
 from rltrain.data import ReplayBuffer
-from rltrain.envs import BatchedEnv
+from rltrain.envs import GymnasiumBatchedEnv
 from rltrain.errors import ConfigError
 from tests.conftest import LEARNING_RUN_TIMEOUT_S, ONE_THREAD, learning_check, make_config, run_cli
 
@@ -77,7 +77,7 @@ def test_a_partly_filled_buffer_saves_only_its_frames():
 
 
 def pendulum_sac(**kwargs) -> SAC:
-    spec = BatchedEnv("Pendulum-v1", num_envs=1).spec
+    spec = GymnasiumBatchedEnv("Pendulum-v1", num_envs=1).spec
     sac = SAC(SquashedGaussianActor(spec, hidden_sizes=[32, 32]), total_frames=10_000, warmup_frames=0,
               batch_size=32, critic_hidden_sizes=[32, 32], **kwargs)
     n = 64

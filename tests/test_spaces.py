@@ -16,7 +16,7 @@ from rltrain import build
 from rltrain.algos import ActorCritic
 from rltrain.algos.encoders import ObsEncoder
 from rltrain.collectors import LocalCollector, LockstepCollector
-from rltrain.envs import BatchedEnv
+from rltrain.envs import GymnasiumBatchedEnv
 from rltrain.envs.spaces import action_spec, observation_spec
 from rltrain.errors import ConfigError
 from rltrain.sync import SharedMemSync
@@ -61,11 +61,11 @@ def test_each_leaf_keeps_its_own_dtype():
 
 
 def test_image_batches_stay_uint8_from_the_env_to_the_batch():
-    make_policy = functools.partial(ActorCritic, BatchedEnv(CATCH).spec, cnn={"channels": [4], "kernels": [3],
-                                                                               "strides": [1]})
+    make_policy = functools.partial(ActorCritic, GymnasiumBatchedEnv(CATCH).spec,
+                                    cnn={"channels": [4], "kernels": [3], "strides": [1]})
     scheme = SharedMemSync()
     scheme.sender(make_policy())
-    collector = LocalCollector(functools.partial(BatchedEnv, CATCH, num_envs=4), make_policy, scheme.receiver,
+    collector = LocalCollector(functools.partial(GymnasiumBatchedEnv, CATCH, num_envs=4), make_policy, scheme.receiver,
                                frames_per_batch=32)
     try:
         batch = next(iter(collector))
@@ -77,13 +77,13 @@ def test_image_batches_stay_uint8_from_the_env_to_the_batch():
 
 
 def test_dict_observations_nest_below_observation_through_worker_processes():
-    spec = BatchedEnv(CORRIDOR).spec
+    spec = GymnasiumBatchedEnv(CORRIDOR).spec
     scheme = SharedMemSync()
     policy = ActorCritic(spec)
     scheme.sender(policy)
-    collector = LockstepCollector(make_env=functools.partial(BatchedEnv, CORRIDOR), make_policy=functools.partial(
-        ActorCritic, spec), make_receiver=scheme.receiver, env_spec=spec, frames_per_batch=64, workers=2,
-        envs_per_worker=4)
+    collector = LockstepCollector(make_env=functools.partial(GymnasiumBatchedEnv, CORRIDOR),
+                                  make_policy=functools.partial(ActorCritic, spec), make_receiver=scheme.receiver,
+                                  env_spec=spec, frames_per_batch=64, workers=2, envs_per_worker=4)
     try:
         batch = next(iter(collector))
     finally:
@@ -126,7 +126,7 @@ def test_sac_refuses_images_and_discrete_actions_before_anything_starts(tmp_path
 
 
 def test_multi_discrete_log_probs_and_entropy_match_torch_distributions():
-    spec = BatchedEnv(DIGITS).spec  # overridden below: unequal sizes exercise the padding
+    spec = GymnasiumBatchedEnv(DIGITS).spec  # overridden below: unequal sizes exercise the padding
     spec = type(spec)(spec.id, spec.observation, action_spec("d", gym.spaces.MultiDiscrete([2, 5, 3])), None)
     policy = ActorCritic(spec)
     torch.manual_seed(0)
@@ -147,7 +147,7 @@ def test_multi_discrete_log_probs_and_entropy_match_torch_distributions():
 
 
 def test_multi_binary_log_probs_and_entropy_match_torch_distributions():
-    env = BatchedEnv(DIGITS, kwargs={"binary": True})
+    env = GymnasiumBatchedEnv(DIGITS, kwargs={"binary": True})
     policy = ActorCritic(env.spec)
     with torch.no_grad():
         policy.actor[-1].weight.normal_()

@@ -7,13 +7,13 @@ import torch
 
 from rltrain.algos import ActorCritic
 from rltrain.collectors import LocalCollector
-from rltrain.envs import BatchedEnv
+from rltrain.envs import GymnasiumBatchedEnv
 from rltrain.errors import SyncError
 from rltrain.sync import NoSync, SharedMemSync
 
 
 def make_pair(scheme, normalize_obs=True):
-    env = BatchedEnv("CartPole-v1", num_envs=2, seed=0)
+    env = GymnasiumBatchedEnv("CartPole-v1", num_envs=2, seed=0)
     learner = ActorCritic(env.spec, normalize_obs=normalize_obs)
     actor = ActorCritic(env.spec, normalize_obs=normalize_obs)  # different random init
     sender = scheme.sender(learner)
@@ -66,7 +66,7 @@ def test_sync_none_keeps_the_collectors_own_weights():
 
 
 def test_a_snapshot_is_never_a_mix_of_two_versions():
-    env = BatchedEnv("CartPole-v1", num_envs=1)
+    env = GymnasiumBatchedEnv("CartPole-v1", num_envs=1)
     learner, actor = ActorCritic(env.spec), ActorCritic(env.spec)
     scheme = SharedMemSync()
     sender = scheme.sender(learner)
@@ -85,7 +85,7 @@ def test_a_snapshot_is_never_a_mix_of_two_versions():
 
 
 def test_layout_mismatch_is_a_clear_error_at_connect():
-    env = BatchedEnv("CartPole-v1", num_envs=1)
+    env = GymnasiumBatchedEnv("CartPole-v1", num_envs=1)
     scheme = SharedMemSync()
     scheme.sender(ActorCritic(env.spec, hidden_sizes=[64, 64]))
     with pytest.raises(SyncError, match=r"actor\.0\.weight: learner \(64, 4\) torch.float32, collector \(32, 4\)"):
@@ -93,7 +93,7 @@ def test_layout_mismatch_is_a_clear_error_at_connect():
 
 
 def test_dtype_mismatch_is_a_clear_error_at_connect():
-    env = BatchedEnv("CartPole-v1", num_envs=1)
+    env = GymnasiumBatchedEnv("CartPole-v1", num_envs=1)
     scheme = SharedMemSync()
     scheme.sender(ActorCritic(env.spec))
     with pytest.raises(SyncError, match="torch.float64"):
@@ -101,7 +101,7 @@ def test_dtype_mismatch_is_a_clear_error_at_connect():
 
 
 def test_a_collector_acting_on_an_old_version_is_never_overwritten():
-    env = BatchedEnv("CartPole-v1", num_envs=1)
+    env = GymnasiumBatchedEnv("CartPole-v1", num_envs=1)
     learner, slow, fast = ActorCritic(env.spec), ActorCritic(env.spec), ActorCritic(env.spec)
     scheme = SharedMemSync(slots=3)
     sender = scheme.sender(learner)

@@ -20,7 +20,8 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
-from rltrain.envs import Leaf, ObsNormalizer
+from rltrain.algos.normalization import ObsNormalizer
+from rltrain.envs import Leaf
 from rltrain.envs.spaces import Observation
 from rltrain.errors import ConfigError
 

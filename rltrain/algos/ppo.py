@@ -20,10 +20,10 @@ from rltrain.algos import optimizers
 from rltrain.algos.advantages import gae
 from rltrain.algos.finite import NonFinite, NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
+from rltrain.algos.normalization import ReturnNormalizer
 from rltrain.algos.pending import Pending
 from rltrain.algos.update_step import Switch, UpdateStep, compile_enabled, cuda_graph_enabled, plain
 from rltrain.device import to_learner
-from rltrain.envs.normalization import ReturnNormalizer
 from rltrain.errors import ConfigError
 from rltrain.rules import (
     Flag,

@@ -13,11 +13,11 @@ from collections.abc import Iterator
 
 from tensordict import TensorDict
 
-from rltrain import distributed as rd
+from rltrain import process_groups
+from rltrain.collectors.backlog import Backlog
 from rltrain.collectors.batch import as_batch
 from rltrain.collectors.rank_pool import COLLECT, RankPool, check_rank_batch, collector_ranks
-from rltrain.collectors.worker import Backlog
-from rltrain.envs.batched import EnvSpec
+from rltrain.envs.spaces import EnvSpec
 from rltrain.protocols import Collector
 
 
@@ -29,7 +29,7 @@ class AsyncRankCollector(Collector):
     ON_OTHER_RANKS = True
 
     @staticmethod
-    def check_job(world: rd.World | None, config: dict) -> None:
+    def check_job(world: process_groups.World | None, config: dict) -> None:
         """ConfigError for a job this collector cannot run in (checked on every rank by validate)."""
         collector_ranks(world)
         envs = config.get("envs_per_rank", 8)
@@ -45,8 +45,9 @@ class AsyncRankCollector(Collector):
                  workers_per_rank: int = 0, max_lag: int | None = 2, start_method: str = "spawn",
                  timeout_s: float = 60.0):
         # ``sender`` is not needed: a rank acts with the newest weights it holds, whatever their version.
-        world, config = rd.current(), {"frames_per_batch": frames_per_batch, "envs_per_rank": envs_per_rank,
-                                       "workers_per_rank": workers_per_rank}
+        world = process_groups.current()
+        config = {"frames_per_batch": frames_per_batch, "envs_per_rank": envs_per_rank,
+                  "workers_per_rank": workers_per_rank}
         self.check_job(world, config)
         self.frames_per_batch, self.max_lag = frames_per_batch, max_lag
         # Backpressure: a rank is not commanded for a batch the learner would drop as too old (indexed by rank).

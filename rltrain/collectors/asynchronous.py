@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator
 
 from tensordict import TensorDict
 
+from rltrain.collectors.backlog import Backlog
 from rltrain.collectors.batch import MaxLag, as_batch, batch_steps
 from rltrain.collectors.pool import StartMethod, WorkerPool
-from rltrain.collectors.worker import Backlog, serve_async
-from rltrain.envs.batched import EnvSpec
+from rltrain.collectors.worker import serve_async
+from rltrain.envs.spaces import EnvSpec
 from rltrain.protocols import Collector
 from rltrain.rules import PositiveInt, PositiveNumber
 from rltrain.sync.base import WeightReceiver
@@ -38,9 +39,8 @@ class AsyncCollector(Collector):
         self.frames_per_batch, self.max_lag = frames_per_batch, max_lag
         # Backpressure: a worker holds off rather than collect a batch the learner would drop as too old.
         self._backlog = Backlog(workers, max_lag) if max_lag is not None else None
-        self.pool = WorkerPool(functools.partial(serve_async, backlog=self._backlog), make_env, make_policy,
-                               make_receiver, env_spec,
-                               steps=steps, workers=workers,
+        serve = functools.partial(serve_async, backlog=self._backlog)
+        self.pool = WorkerPool(serve, make_env, make_policy, make_receiver, env_spec, steps=steps, workers=workers,
                                envs_per_worker=envs_per_worker, buffers_per_worker=2, start_method=start_method,
                                timeout_s=timeout_s, seed=seed)
 

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from rltrain import distributed as rd
+from rltrain import process_groups
 from rltrain.collectors.async_ranks import AsyncRankCollector
 from rltrain.collectors.batch import MaxLag
 from rltrain.collectors.lockstep_ranks import LockstepRankCollector
 from rltrain.collectors.pool import StartMethod
-from rltrain.envs.batched import EnvSpec
+from rltrain.envs.spaces import EnvSpec
 from rltrain.protocols import Collector
 from rltrain.rules import Integer, OneOf, PositiveInt, PositiveNumber
 
@@ -48,7 +48,7 @@ class DistributedCollector(Collector):
     ON_OTHER_RANKS = True
 
     @staticmethod
-    def check_job(world: rd.World | None, config: dict) -> None:
+    def check_job(world: process_groups.World | None, config: dict) -> None:
         """ConfigError for a job this collector cannot run in (checked on every rank by validate)."""
         kind(config.get("mode", "lockstep")).check_job(world, config)
 

@@ -15,7 +15,7 @@ from tensordict import TensorDict
 from rltrain.collectors.batch import as_batch, batch_steps
 from rltrain.collectors.pool import StartMethod, WorkerPool
 from rltrain.collectors.worker import serve_lockstep
-from rltrain.envs.batched import EnvSpec
+from rltrain.envs.spaces import EnvSpec
 from rltrain.protocols import Collector
 from rltrain.rules import PositiveInt, PositiveNumber
 from rltrain.sync.base import WeightReceiver
@@ -33,10 +33,9 @@ class LockstepCollector(Collector):
                  timeout_s: PositiveNumber = 60.0, seed: int = 0):
         steps = batch_steps(frames_per_batch, workers * envs_per_worker, " x ".join(self.BATCH_ENVS))
         self.frames_per_batch = frames_per_batch
-        self.pool = WorkerPool(serve_lockstep, make_env, make_policy, make_receiver, env_spec,
-                               steps=steps, workers=workers,
-                               envs_per_worker=envs_per_worker, buffers_per_worker=1, start_method=start_method,
-                               timeout_s=timeout_s, seed=seed)
+        self.pool = WorkerPool(serve_lockstep, make_env, make_policy, make_receiver, env_spec, steps=steps,
+                               workers=workers, envs_per_worker=envs_per_worker, buffers_per_worker=1,
+                               start_method=start_method, timeout_s=timeout_s, seed=seed)
 
     def __iter__(self) -> Iterator[TensorDict]:
         pool, everyone = self.pool, set(range(self.pool.size))

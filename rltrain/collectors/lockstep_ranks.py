@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import torch
 from tensordict import TensorDict
 
-from rltrain import distributed as rd
+from rltrain import process_groups
 from rltrain.collectors.batch import as_batch
 from rltrain.collectors.rank_pool import (
     BATCH,
@@ -26,7 +26,7 @@ from rltrain.collectors.rank_pool import (
     check_rank_batch,
     collector_ranks,
 )
-from rltrain.envs.batched import EnvSpec
+from rltrain.envs.spaces import EnvSpec
 from rltrain.protocols import Collector
 
 log = logging.getLogger("rltrain")
@@ -40,7 +40,7 @@ class LockstepRankCollector(Collector):
     ON_OTHER_RANKS = True
 
     @staticmethod
-    def check_job(world: rd.World | None, config: dict) -> None:
+    def check_job(world: process_groups.World | None, config: dict) -> None:
         """ConfigError for a job this collector cannot run in (checked on every rank by validate)."""
         ranks, envs = collector_ranks(world), config.get("envs_per_rank", 8)
         check_rank_batch(config["frames_per_batch"], ranks * envs, "collector ranks x collector.envs_per_rank",
@@ -54,8 +54,9 @@ class LockstepRankCollector(Collector):
     def __init__(self, env_spec: EnvSpec, frames_per_batch: int, sender, envs_per_rank: int = 8,
                  workers_per_rank: int = 0, max_lag: int | None = 2, start_method: str = "spawn",
                  timeout_s: float = 60.0):
-        world, config = rd.current(), {"frames_per_batch": frames_per_batch, "envs_per_rank": envs_per_rank,
-                                       "workers_per_rank": workers_per_rank}
+        world = process_groups.current()
+        config = {"frames_per_batch": frames_per_batch, "envs_per_rank": envs_per_rank,
+                  "workers_per_rank": workers_per_rank}
         self.check_job(world, config)
         self.frames_per_batch, self.max_lag, self._sender = frames_per_batch, max_lag, sender
         steps = self.rank_frames(config, collector_ranks(world)) // envs_per_rank
@@ -91,7 +92,7 @@ class LockstepRankCollector(Collector):
                              f"{len(pool.ranks)} (lockstep)")
         loading = [(r, s) for r, s in zip(pool.ranks, saved) if s is not None]
         for r, s in loading:
-            pool.command(r, LOAD, rd.encode(s))
+            pool.command(r, LOAD, process_groups.encode(s))
         errors = [(r, pool.receive(r, OBJECT)) for r, _ in loading]
         if fresh := [str(r) for r, s in zip(pool.ranks, saved) if s is None]:
             log.warning("resume: the envs of collector rank(s) %s start fresh episodes (the checkpoint does not "

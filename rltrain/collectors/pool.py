@@ -18,7 +18,7 @@ from typing import Annotated
 
 from rltrain.collectors.rollout import allocate_frames
 from rltrain.collectors.worker import worker_main
-from rltrain.envs.batched import EnvSpec
+from rltrain.envs.spaces import EnvSpec
 from rltrain.errors import CollectorError
 from rltrain.rules import OneOf
 from rltrain.sync.base import WeightReceiver

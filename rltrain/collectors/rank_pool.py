@@ -18,12 +18,12 @@ import threading
 import numpy as np
 import torch
 
-from rltrain import distributed as rd
+from rltrain import process_groups
 from rltrain.collectors.batch import batch_steps
 from rltrain.collectors.rollout import frame_layout
-from rltrain.envs.batched import EnvSpec
+from rltrain.envs.spaces import EnvSpec
 from rltrain.errors import CollectorError, ConfigError
-from rltrain.sync.base import FlatWeights
+from rltrain.sync.base import FlatBuffer
 
 log = logging.getLogger("rltrain")
 
@@ -31,7 +31,7 @@ COLLECT, STATE, LOAD, CLOSE = 1, 2, 3, 4  # learner -> rank
 BATCH, OBJECT, ERROR = 1, 2, 3  # rank -> learner
 
 
-def collector_ranks(world: rd.World | None) -> int:
+def collector_ranks(world: process_groups.World | None) -> int:
     """The number of collector ranks of this torchrun job, or ConfigError outside one."""
     if world is None:
         raise ConfigError("collector=distributed runs collectors on the other ranks of a torchrun job, but this "
@@ -51,11 +51,11 @@ def check_rank_batch(frames_per_batch: int, span: int, what: str, how_many: str,
                           f"({workers_per_rank}): each worker steps the same number of envs")
 
 
-def frame_buffer(spec: EnvSpec, steps: int, envs: int) -> FlatWeights:
+def frame_buffer(spec: EnvSpec, steps: int, envs: int) -> FlatBuffer:
     """One flat buffer with a view per frame key: a batch travels as one message."""
     layout = {k: (shape, torch.from_numpy(np.zeros(0, dtype)).dtype)
               for k, (shape, dtype) in frame_layout(spec, steps, envs).items()}
-    return FlatWeights(layout, shared=False)
+    return FlatBuffer(layout, shared=False)
 
 
 class RankPool:
@@ -63,7 +63,7 @@ class RankPool:
     one batch buffer of ``steps`` x ``envs_per_rank`` frames each; every wait bounded by
     ``timeout_s``. The constructor returns once every rank has joined and said it is ready."""
 
-    def __init__(self, world: rd.World, env_spec: EnvSpec, steps: int, envs_per_rank: int, timeout_s: float,
+    def __init__(self, world: process_groups.World, env_spec: EnvSpec, steps: int, envs_per_rank: int, timeout_s: float,
                  kind: str):
         self.timeout_s = timeout_s
         self.ranks = list(range(1, world.size))
@@ -76,8 +76,8 @@ class RankPool:
         self.who = {r: f"rank {r}" for r in self.ranks}
         try:
             # The watch has a store connection of its own: the join's waits hold the job's for up to timeout_s.
-            watch = functools.partial(rd.raise_failures, world.address.connect(timeout_s), self.ranks)
-            self._group = rd.gloo_group(world.store, "collect", 0, world.size, timeout_s, watch=watch)
+            watch = functools.partial(process_groups.raise_failures, world.address.connect(timeout_s), self.ranks)
+            self._group = process_groups.gloo_group(world.store, "collect", 0, world.size, timeout_s, watch=watch)
         except TimeoutError as e:
             raise CollectorError(f"collector=distributed: the collector ranks did not all join within {timeout_s:g}s "
                                  f"(collector.timeout_s): {e}") from None
@@ -96,7 +96,7 @@ class RankPool:
 
     def command(self, r: int, kind: int, payload: torch.Tensor | None = None, arg: int = 0) -> None:
         try:
-            rd.send_frame(self._group, r, kind, payload, arg)
+            process_groups.send_frame(self._group, r, kind, payload, arg)
         except RuntimeError as e:
             raise self._failure(r, e) from None
         self._owed.add(r)  # until its answer is read: a rank sending it cannot take another message
@@ -105,23 +105,23 @@ class RankPool:
         """The next message from rank ``r``: its batch (into its buffer) or an object; raises
         CollectorError for the rank's error, its death, or its silence past ``timeout_s``."""
         try:
-            kind, nbytes, _ = rd.recv_header(self._group, r, self.timeout_s)
-            payload = rd.recv_payload(self._group, r, self._buffers[r].buffer if kind == BATCH else None, nbytes,
-                                      self.timeout_s)
+            kind, nbytes, _ = process_groups.recv_header(self._group, r, self.timeout_s)
+            into = self._buffers[r].buffer if kind == BATCH else None
+            payload = process_groups.recv_payload(self._group, r, into, nbytes, self.timeout_s)
         except RuntimeError as e:
             raise self._failure(r, e) from None
         finally:
             self._owed.discard(r)
         if kind == ERROR:
-            what, details = rd.decode(payload)
+            what, details = process_groups.decode(payload)
             raise CollectorError(f"collector {self.who[r]} failed: {what}", details=details)
         if kind != expect:
             raise CollectorError(f"collector {self.who[r]} sent message {kind} while the learner waited for {expect}")
-        return None if kind == BATCH else rd.decode(payload)
+        return None if kind == BATCH else process_groups.decode(payload)
 
     def _failure(self, r: int, e: RuntimeError) -> CollectorError:
         self.lost.add(r)
-        if rd.is_peer_gone(e):
+        if process_groups.is_peer_gone(e):
             return CollectorError(f"collector {self.who[r]} died (its connection closed; killed, or out of memory? "
                                   f"see ranks/{r}.log in the run dir and that machine's dmesg)")
         return CollectorError(f"collector {self.who[r]} sent nothing within {self.timeout_s:g}s "
@@ -185,7 +185,7 @@ class RankPool:
         self.drop_owed_answers()
         for r in [r for r in self.ranks if r not in self.lost]:
             try:
-                rd.send_frame(self._group, r, CLOSE)
+                process_groups.send_frame(self._group, r, CLOSE)
             except RuntimeError:
                 pass  # already gone
         # Batches still on their way: a thread left waiting in gloo would abort this process's exit.

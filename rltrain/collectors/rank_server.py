@@ -13,12 +13,11 @@ import signal
 import sys
 import traceback
 
-from rltrain import distributed as rd
-from rltrain import stop_signals
+from rltrain import process_groups, stop_signals
 from rltrain.collectors.batch import batch_key
 from rltrain.collectors.rank_pool import BATCH, CLOSE, COLLECT, ERROR, LOAD, OBJECT, STATE
 from rltrain.protocols import Collector
-from rltrain.sync.base import FlatWeights, WeightReceiver, WeightSender
+from rltrain.sync.base import FlatBuffer, WeightReceiver, WeightSender
 
 log = logging.getLogger("rltrain")
 
@@ -32,16 +31,16 @@ class RankServer:
     constructor returns once the rank has joined the ``collect`` group and told the learner it is
     ready; a failure is reported to the learner first (it shows this rank's traceback)."""
 
-    def __init__(self, world: rd.World, collector: Collector, receiver: WeightReceiver, relay: WeightSender | None,
-                 buffer: FlatWeights, timeout_s: float):
+    def __init__(self, world: process_groups.World, collector: Collector, receiver: WeightReceiver,
+                 relay: WeightSender | None, buffer: FlatBuffer, timeout_s: float):
         self.world, self.collector, self.receiver, self.relay = world, collector, receiver, relay
         self.buffer, self.timeout_s = buffer, timeout_s
         self.group = None
         try:
             self.batches = iter(collector)
-            self.group = rd.gloo_group(world.store, "collect", world.rank, world.size, timeout_s)
-            rd.send_frame(self.group, 0, OBJECT, rd.encode({"host": world.host, "pid": os.getpid(),
-                                                            "nbytes": buffer.buffer.numel()}))
+            self.group = process_groups.gloo_group(world.store, "collect", world.rank, world.size, timeout_s)
+            hello = {"host": world.host, "pid": os.getpid(), "nbytes": buffer.buffer.numel()}
+            process_groups.send_frame(self.group, 0, OBJECT, process_groups.encode(hello))
         except BaseException:
             self._report_and_close()
             raise
@@ -73,10 +72,10 @@ class RankServer:
     def _serve(self) -> None:
         while True:
             try:
-                kind, nbytes, arg = rd.recv_header(self.group, 0, _LEARNER_SILENCE_S)
-                payload = rd.recv_payload(self.group, 0, None, nbytes, self.timeout_s)
+                kind, nbytes, arg = process_groups.recv_header(self.group, 0, _LEARNER_SILENCE_S)
+                payload = process_groups.recv_payload(self.group, 0, None, nbytes, self.timeout_s)
             except RuntimeError as e:
-                if rd.is_peer_gone(e):
+                if process_groups.is_peer_gone(e):
                     log.error("the learner (rank 0) is gone; this collector rank stops")
                     return
                 raise
@@ -85,11 +84,12 @@ class RankServer:
                 return
             if kind == COLLECT:
                 self._collect(arg)
-                rd.send_frame(self.group, 0, BATCH, self.buffer.buffer)
+                process_groups.send_frame(self.group, 0, BATCH, self.buffer.buffer)
             elif kind == STATE:
-                rd.send_frame(self.group, 0, OBJECT, rd.encode(self.collector.state_dict()))
+                process_groups.send_frame(self.group, 0, OBJECT, process_groups.encode(self.collector.state_dict()))
             elif kind == LOAD:
-                rd.send_frame(self.group, 0, OBJECT, rd.encode(self._load(rd.decode(payload))))
+                answer = self._load(process_groups.decode(payload))
+                process_groups.send_frame(self.group, 0, OBJECT, process_groups.encode(answer))
 
     def _collect(self, version: int) -> None:
         if version >= 0:  # lock-step: act with the version pushed before this command, or newer
@@ -118,8 +118,8 @@ class RankServer:
             what, details = f"{type(e).__name__}: {e}", f"collector rank {self.world.rank}:\n{traceback.format_exc()}"
             try:
                 if self.group is not None:
-                    rd.send_frame(self.group, 0, ERROR, rd.encode((what, details)))
-                    rd.recv_header(self.group, 0, self.timeout_s)  # the learner's close, or its exit
+                    process_groups.send_frame(self.group, 0, ERROR, process_groups.encode((what, details)))
+                    process_groups.recv_header(self.group, 0, self.timeout_s)  # the learner's close, or its exit
                 else:
                     report_and_wait(self.world, what, details, self.timeout_s)
             except (RuntimeError, TimeoutError):
@@ -137,10 +137,10 @@ class RankServer:
         self.receiver.close()
 
 
-def report_and_wait(world: rd.World, what: str, details: str, timeout_s: float) -> None:
+def report_and_wait(world: process_groups.World, what: str, details: str, timeout_s: float) -> None:
     """A rank's failure before its groups formed: through the store, until the learner saw it."""
-    rd.report_failure(world.store, world.rank, what, details)
+    process_groups.report_failure(world.store, world.rank, what, details)
     try:
-        rd.wait_for_key(world.store, f"failure_seen/{world.rank}", timeout_s)
+        process_groups.wait_for_key(world.store, f"failure_seen/{world.rank}", timeout_s)
     except TimeoutError:
         pass  # the learner may be gone itself

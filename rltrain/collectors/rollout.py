@@ -1,4 +1,4 @@
-"""The stepping loop every collector runs: a policy acting in a BatchedEnv, writing frames into
+"""The stepping loop every collector runs: a policy acting in a BatchedEnv (any backend), writing frames into
 preallocated arrays. Used in-process by LocalCollector and inside each worker process.
 
 Only numpy, torch and the env here: worker processes import this without tensordict or Hydra.
@@ -12,8 +12,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from rltrain.envs.batched import BatchedEnv, EnvSpec
-from rltrain.envs.spaces import flat_leaves, map_obs, nest, to_torch
+from rltrain.envs.batched import BatchedEnv
+from rltrain.envs.spaces import EnvSpec, flat_leaves, map_obs, nest, to_torch
 from rltrain.sync.base import WeightReceiver
 
 log = logging.getLogger("rltrain")

@@ -24,8 +24,9 @@ import numpy as np
 import torch
 
 from rltrain import lazy_dynamo
+from rltrain.collectors.backlog import Backlog
 from rltrain.collectors.rollout import Rollout
-from rltrain.distributed import exit_without_teardown
+from rltrain.process_groups import exit_without_teardown
 
 _WAKE_S = 0.05  # while waiting: look for new weights (releasing an old slot) and for a dead learner
 _BACKLOG_WAKE_S = 0.002  # while held back by the backlog: look this often whether the learner took a batch
@@ -110,29 +111,6 @@ def serve_async(index: int, conn, env, policy, receiver, arrays: list[dict[str, 
             backlog.started[index] += 1  # counted from its start: the other workers see it coming
         rollout.collect(arrays[slot])
         conn.send(("batch", slot))
-
-
-class Backlog:
-    """Counts in shared memory, each cell with one writer: batches ``started[i]`` by worker i (from
-    the moment it starts collecting one), ``taken[i]`` from it by the learner, and ``finished``,
-    those the learner has updated on and pushed weights after. A batch started now has every
-    unfinished batch ahead of it, each followed by a push before its turn: it would be that many
-    versions old, so over ``max_lag`` the worker waits instead of collecting what would be dropped."""
-
-    def __init__(self, workers: int, max_lag: int):
-        self.max_lag = max_lag
-        self.started = torch.zeros(workers, dtype=torch.int64).share_memory_()
-        self.taken = torch.zeros(workers, dtype=torch.int64).share_memory_()
-        self.finished = torch.zeros(1, dtype=torch.int64).share_memory_()
-
-    def too_long(self, worker: int) -> bool:
-        """Whether worker ``worker`` should wait rather than start a batch now. Never when nothing
-        is ahead (an idle learner always gets a batch); otherwise when the batch would be over
-        ``max_lag``, or the worker already has one waiting (so that a slow worker's batch is
-        overtaken by at most one batch per other worker)."""
-        ahead = int(self.started.sum() - self.finished)
-        mine = int(self.started[worker] - self.taken[worker])
-        return ahead > 0 and (ahead > self.max_lag or mine > 0)
 
 
 def _save(rollout: Rollout) -> dict | None:

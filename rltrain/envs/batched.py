@@ -2,8 +2,8 @@
 
 Each env resets itself the moment its episode ends, and the step that ended it still reports
 the true final observation, so a truncated episode can bootstrap from where it really stopped.
-``EnvBatch`` holds what every backend shares (buffers, NaN/inf checks, error messages);
-``BatchedEnv`` is the Python loop over gymnasium envs (``env.backend=gymnasium``), and
+``BatchedEnv`` holds what every backend shares (buffers, NaN/inf checks, error messages);
+``GymnasiumBatchedEnv`` is the Python loop over gymnasium envs (``env.backend=gymnasium``), and
 ``rltrain.envs.vector`` the simulators' own vectorized implementations.
 """
 
@@ -14,56 +14,17 @@ import importlib
 import math
 import os
 import sys
-from dataclasses import dataclass
 
 import gymnasium as gym
 import numpy as np
 
 import rltrain.envs.env_state as env_state
-from rltrain.envs.spaces import ActionSpec, Leaf, Observation, action_spec, map_obs, observation_spec, zeros
+from rltrain.envs.spaces import EnvSpec, action_spec, map_obs, observation_spec, zeros
 from rltrain.errors import ConfigError, EnvError
 from rltrain.rules import OneOf
 
 NONFINITE = ("error", "replace")  # what a NaN/inf observation or reward does: fail the run, or become 0
 NONFINITE_RULE = OneOf(NONFINITE)  # env.nonfinite
-
-
-@dataclass(frozen=True)
-class EnvSpec:
-    """What the policy and the buffers need to know about an env's spaces."""
-
-    id: str
-    observation: Observation  # one Leaf, or a dict of them (a Dict space)
-    action: ActionSpec
-    reward_threshold: float | None  # gymnasium's "solved" return, if the env declares one
-
-    @property
-    def discrete(self) -> bool:
-        return self.action.kind == "discrete"
-
-    @property
-    def num_actions(self) -> int | None:
-        """Set for Discrete action spaces, None otherwise."""
-        return self.action.nvec[0] if self.discrete else None
-
-    @property
-    def action_shape(self) -> tuple[int, ...]:
-        return self.action.shape
-
-    @property
-    def action_low(self) -> np.ndarray | None:
-        return self.action.low
-
-    @property
-    def action_high(self) -> np.ndarray | None:
-        return self.action.high
-
-    @property
-    def obs_shape(self) -> tuple[int, ...]:
-        """The observation's shape (a single-array observation only)."""
-        if not isinstance(self.observation, Leaf):
-            raise TypeError(f"{self.id} has a Dict observation ({sorted(self.observation)}): it has no single shape")
-        return self.observation.shape
 
 
 def resolve_env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
@@ -200,7 +161,7 @@ def _misfit(obs, buffer: np.ndarray | dict[str, np.ndarray]) -> str:
     return f"an observation of shape {shape} where its observation space has shape {buffer.shape[1:]}"
 
 
-class EnvBatch:
+class BatchedEnv:
     """What every backend shares: ``num_envs`` envs of one spec stepped together, and the checks
     on what they return.
 
@@ -213,10 +174,10 @@ class EnvBatch:
     envs they came from are flagged in ``replaced``).
     """
 
-    def __init__(self, id: str, num_envs: int, spec: EnvSpec, seed: int, reward_threshold: float | None,
+    def __init__(self, env_id: str, num_envs: int, spec: EnvSpec, seed: int, reward_threshold: float | None,
                  nonfinite: str):
         NONFINITE_RULE.check("env.nonfinite", nonfinite)
-        self.id, self.num_envs, self.nonfinite, self.seed = id, num_envs, nonfinite, seed
+        self.id, self.num_envs, self.nonfinite, self.seed = env_id, num_envs, nonfinite, seed
         self.steps = 0  # steps taken by every env of this batch (what error messages count in)
         self.spec = spec
         if reward_threshold is not None:  # ours, for envs where gymnasium declares none
@@ -307,17 +268,17 @@ class EnvBatch:
         self.replaced |= bad
 
 
-class BatchedEnv(EnvBatch):
+class GymnasiumBatchedEnv(BatchedEnv):
     """``env.backend=gymnasium``: ``num_envs`` copies of one gymnasium env, stepped in a Python loop,
-    each reset the moment its episode ends (see ``EnvBatch`` for what steps return)."""
+    each reset the moment its episode ends (see ``BatchedEnv`` for what steps return)."""
 
-    def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
+    def __init__(self, env_id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
                  reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
                  wrappers: list[dict] | None = None):
         NONFINITE_RULE.check("env.nonfinite", nonfinite)
         kwargs = {**(kwargs or {}), **({"render_mode": render_mode} if render_mode else {})}
-        self.envs = [make_gym_env(id, kwargs, wrappers) for _ in range(num_envs)]
-        super().__init__(id, num_envs, spec_from_env(id, self.envs[0]), seed, reward_threshold, nonfinite)
+        self.envs = [make_gym_env(env_id, kwargs, wrappers) for _ in range(num_envs)]
+        super().__init__(env_id, num_envs, spec_from_env(env_id, self.envs[0]), seed, reward_threshold, nonfinite)
         self._set_obs, self._set_next = _setter(self._obs), _setter(self._next_obs)
 
     def reset(self) -> np.ndarray | dict[str, np.ndarray]:
@@ -374,7 +335,7 @@ class BatchedEnv(EnvBatch):
     def load_state_dict(self, blobs: list[bytes]) -> None:
         """Replace the envs with the saved ones, mid-episode where they were (no reset)."""
         if len(blobs) != self.num_envs:
-            raise ValueError(f"the saved state holds {len(blobs)} envs, this BatchedEnv has {self.num_envs}")
+            raise ValueError(f"the saved state holds {len(blobs)} envs, this GymnasiumBatchedEnv has {self.num_envs}")
         envs = [env_state.restore(b) for b in blobs]
         self.close()
         self.envs = envs

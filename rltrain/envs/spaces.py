@@ -62,6 +62,44 @@ OBSERVATION_SPACES = "Box, Discrete, MultiDiscrete, MultiBinary, or a Dict of th
 ACTION_SPACES = "Discrete, Box, MultiDiscrete and MultiBinary"
 
 
+
+@dataclass(frozen=True)
+class EnvSpec:
+    """What the policy and the buffers need to know about an env's spaces."""
+
+    id: str
+    observation: Observation  # one Leaf, or a dict of them (a Dict space)
+    action: ActionSpec
+    reward_threshold: float | None  # gymnasium's "solved" return, if the env declares one
+
+    @property
+    def discrete(self) -> bool:
+        return self.action.kind == "discrete"
+
+    @property
+    def num_actions(self) -> int | None:
+        """Set for Discrete action spaces, None otherwise."""
+        return self.action.nvec[0] if self.discrete else None
+
+    @property
+    def action_shape(self) -> tuple[int, ...]:
+        return self.action.shape
+
+    @property
+    def action_low(self) -> np.ndarray | None:
+        return self.action.low
+
+    @property
+    def action_high(self) -> np.ndarray | None:
+        return self.action.high
+
+    @property
+    def obs_shape(self) -> tuple[int, ...]:
+        """The observation's shape (a single-array observation only)."""
+        if not isinstance(self.observation, Leaf):
+            raise TypeError(f"{self.id} has a Dict observation ({sorted(self.observation)}): it has no single shape")
+        return self.observation.shape
+
 def observation_spec(env_id: str, space: gym.Space) -> Observation:
     if isinstance(space, gym.spaces.Dict):
         leaves = {}

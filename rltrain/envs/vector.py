@@ -28,7 +28,7 @@ import numpy as np
 from gymnasium.envs.classic_control.cartpole import CartPoleVectorEnv
 from gymnasium.vector import AutoresetMode
 
-from rltrain.envs.batched import NONFINITE_RULE, BatchedEnv, EnvBatch, resolve_env_spec, spec_from_spaces
+from rltrain.envs.batched import NONFINITE_RULE, BatchedEnv, GymnasiumBatchedEnv, resolve_env_spec, spec_from_spaces
 from rltrain.envs.spaces import map_obs
 from rltrain.errors import ConfigError
 from rltrain.rules import OneOf, PositiveInt
@@ -81,19 +81,19 @@ def vector_env_class(env_id: str, entry) -> tuple[type, dict]:
                       "env.backend=gymnasium")
 
 
-class VectorBatchedEnv(EnvBatch):
-    """``num_envs`` envs of one gymnasium vector env, stepped by one call (see ``EnvBatch`` for
+class VectorBatchedEnv(BatchedEnv):
+    """``num_envs`` envs of one gymnasium vector env, stepped by one call (see ``BatchedEnv`` for
     what steps return). ``kwargs`` go to the vector env's constructor (for Atari: frameskip,
     stack_num, noop_max, episodic_life, ... of ale-py's AtariVectorEnv)."""
 
-    def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
+    def __init__(self, env_id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
                  reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
                  wrappers: list[dict] | None = None):
         if wrappers:
             raise ConfigError("env.wrappers wrap single gymnasium envs, which env.backend=vector does not make; "
                               "give the vector env's own options in env.kwargs, or use env.backend=gymnasium")
-        gym_spec = resolve_env_spec(id)
-        cls, same_step = vector_env_class(id, gym_spec.vector_entry_point)
+        gym_spec = resolve_env_spec(env_id)
+        cls, same_step = vector_env_class(env_id, gym_spec.vector_entry_point)
         kwargs = {**(kwargs or {}), **same_step, **({"render_mode": render_mode} if render_mode else {})}
         params = inspect.signature(cls).parameters
         if "max_episode_steps" in params and gym_spec.max_episode_steps and "max_episode_steps" not in kwargs:
@@ -103,10 +103,10 @@ class VectorBatchedEnv(EnvBatch):
         try:
             self.vec = cls(num_envs=num_envs, **kwargs)
         except TypeError as e:
-            raise ConfigError(f"env.kwargs={kwargs} rejected by {id}'s vector env ({cls.__name__}): {e}") from None
+            raise ConfigError(f"env.kwargs={kwargs} rejected by {env_id}'s vector env ({cls.__name__}): {e}") from None
         threshold = gym_spec.reward_threshold
-        spec = spec_from_spaces(id, self.vec.single_observation_space, self.vec.single_action_space, threshold)
-        super().__init__(id, num_envs, spec, seed, reward_threshold, nonfinite)
+        spec = spec_from_spaces(env_id, self.vec.single_observation_space, self.vec.single_action_space, threshold)
+        super().__init__(env_id, num_envs, spec, seed, reward_threshold, nonfinite)
 
     def reset(self) -> np.ndarray | dict[str, np.ndarray]:
         self.vec.action_space.seed(self.seed)
@@ -146,12 +146,12 @@ class VectorBatchedEnv(EnvBatch):
         self.vec.close()
 
 
-class EnvPoolBatchedEnv(EnvBatch):
+class EnvPoolBatchedEnv(BatchedEnv):
     """``num_envs`` envs of one EnvPool task (``id``: EnvPool's task id, e.g. ``Breakout-v5``,
     ``HalfCheetah-v5``, ``CartPole-v1``; ``ALE/Breakout-v5`` is read as ``Breakout-v5``).
     ``kwargs`` go to ``envpool.make`` (for Atari: episodic_life, reward_clip, stack_num, ...)."""
 
-    def __init__(self, id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
+    def __init__(self, env_id: str, num_envs: int = 1, kwargs: dict | None = None, seed: int = 0,
                  reward_threshold: float | None = None, render_mode: str | None = None, nonfinite: str = "error",
                  wrappers: list[dict] | None = None):
         try:
@@ -161,17 +161,17 @@ class EnvPoolBatchedEnv(EnvBatch):
         if wrappers or render_mode:
             raise ConfigError("env.wrappers and rendering need single gymnasium envs, which env.backend=envpool "
                               "does not make; give EnvPool's own options in env.kwargs, or use env.backend=gymnasium")
-        task = id.removeprefix("ALE/")
+        task = env_id.removeprefix("ALE/")
         if task not in envpool.list_all_envs():
-            raise ConfigError(f"env.id={id!r} is not an EnvPool task (envpool.list_all_envs() lists them, e.g. "
+            raise ConfigError(f"env.id={env_id!r} is not an EnvPool task (envpool.list_all_envs() lists them, e.g. "
                               "Breakout-v5, HalfCheetah-v5, CartPole-v1); or use env.backend=gymnasium")
         try:
             self.pool = envpool.make(task, env_type="gymnasium", num_envs=num_envs, seed=seed, **(kwargs or {}))
         except (TypeError, ValueError) as e:
             raise ConfigError(f"env.kwargs={kwargs} rejected by EnvPool's {task}: {e}") from None
-        threshold = gym.registry[id].reward_threshold if id in gym.registry else None  # gymnasium's "solved"
-        spec = spec_from_spaces(id, self.pool.observation_space, self.pool.action_space, threshold)
-        super().__init__(id, num_envs, spec, seed, reward_threshold, nonfinite)
+        threshold = gym.registry[env_id].reward_threshold if env_id in gym.registry else None  # gymnasium's "solved"
+        spec = spec_from_spaces(env_id, self.pool.observation_space, self.pool.action_space, threshold)
+        super().__init__(env_id, num_envs, spec, seed, reward_threshold, nonfinite)
         self._noop = np.zeros((num_envs, *spec.action.shape), dtype=spec.action.dtype)
 
     def reset(self) -> np.ndarray | dict[str, np.ndarray]:
@@ -205,13 +205,14 @@ class EnvPoolBatchedEnv(EnvBatch):
 def make_envs(id: str, num_envs: PositiveInt = 1, backend: Annotated[str, BACKEND] = "gymnasium",
               kwargs: dict | None = None, seed: int = 0, reward_threshold: float | None = None,
               render_mode: str | None = None, nonfinite: Annotated[str, NONFINITE_RULE] = "error",
-              wrappers: list[dict] | None = None) -> EnvBatch:
-    """What the env configs build: ``num_envs`` envs of ``id`` on the chosen backend.
+              wrappers: list[dict] | None = None) -> BatchedEnv:
+    """What the env configs build: ``num_envs`` envs of ``id`` on the chosen backend. (``id`` is the
+    config key ``env.id``, gymnasium's own word: ``gymnasium.make(id)``; the backends call it ``env_id``.)
 
     backend: ``gymnasium`` (a Python loop over gymnasium envs: any env, any wrappers),
     ``vector`` (the env's own vectorized implementation, where gymnasium registers one) or
     ``envpool`` (EnvPool's C++ envs).
     """
     BACKEND.check("env.backend", backend)  # also when called from Python
-    cls = {"gymnasium": BatchedEnv, "vector": VectorBatchedEnv, "envpool": EnvPoolBatchedEnv}[backend]
+    cls = {"gymnasium": GymnasiumBatchedEnv, "vector": VectorBatchedEnv, "envpool": EnvPoolBatchedEnv}[backend]
     return cls(id, num_envs, kwargs, seed, reward_threshold, render_mode, nonfinite, wrappers)

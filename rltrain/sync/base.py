@@ -1,4 +1,4 @@
-"""The weight-sync interface every scheme implements, and the flat snapshot buffer they share.
+"""The weight-sync interface every scheme implements, and the flat buffer of named tensors they share.
 
 The learner's ``WeightSender`` publishes versioned snapshots of the policy (parameters and
 buffers); each collector's ``WeightReceiver`` makes the newest one its policy's weights at a
@@ -144,11 +144,12 @@ def on_gpu(policy: nn.Module) -> bool:
     return any(t.is_cuda for t in named_weights(policy).values())
 
 
-class FlatWeights:
-    """One contiguous CPU buffer holding a copy of every weight tensor, with a view per name.
+class FlatBuffer:
+    """One contiguous CPU buffer of named tensors, with a view per name: a snapshot of every weight
+    tensor (each sync scheme's), or the frames of a batch (a collector rank's).
 
     One storage means one shared-memory segment (one file descriptor) per snapshot, whatever
-    the number of tensors, and pickles as that single segment.
+    the number of tensors, and pickles as that single segment; it travels as one message.
 
     ``pinned``: the buffer is page-locked, for a GPU learner that copies into it at every push
     (pinned memory, or shared memory registered with CUDA). ``copy_from`` then gathers the GPU's
@@ -176,7 +177,7 @@ class FlatWeights:
         self._gather_buffer: torch.Tensor | None = None
 
     @classmethod
-    def like(cls, policy: nn.Module, shared: bool, pinned: bool = False) -> FlatWeights:
+    def like(cls, policy: nn.Module, shared: bool, pinned: bool = False) -> FlatBuffer:
         return cls(layout_of(policy), shared, pinned)
 
     def buckets(self, nbytes: int) -> list[tuple[list[str], torch.Tensor]]:

@@ -39,11 +39,11 @@ import torch
 from torch import distributed as dist
 from torch import nn
 
-from rltrain import distributed as rd
+from rltrain import process_groups
 from rltrain.errors import SyncError
 from rltrain.rules import NonNegativeInt, PositiveNumber
 from rltrain.sync.base import (
-    FlatWeights,
+    FlatBuffer,
     PushEvery,
     WeightReceiver,
     WeightSender,
@@ -69,7 +69,7 @@ class _DistributedSender(WeightSender):
         self._weights = named_weights(policy)
         self._scheme = scheme
         self._on_gpu = on_gpu(policy)
-        self._stage = FlatWeights.like(policy, shared=False, pinned=self._on_gpu)
+        self._stage = FlatBuffer.like(policy, shared=False, pinned=self._on_gpu)
         self._stage.copy_from(self._weights)  # what collectors act with until the first push (for checkpoints)
         self._buckets = self._stage.buckets(scheme.bucket_bytes)
         self._group = None
@@ -96,7 +96,8 @@ class _DistributedSender(WeightSender):
         try:
             # Its own connection: the join's waits hold the store's for up to sync.timeout_s each.
             watch = functools.partial(self._raise_failures, scheme.address.connect(scheme.timeout_s), size)
-            self._group = rd.gloo_group(scheme.store, "weights", 0, size, scheme.timeout_s, scheme.loopback, watch)
+            self._group = process_groups.gloo_group(scheme.store, "weights", 0, size, scheme.timeout_s, scheme.loopback,
+                                                    watch)
         except TimeoutError as e:
             who = f"{receivers} collector receiver(s)" + (
                 f" and {scheme.listeners} listener(s) (sync.listeners: processes of your own calling "
@@ -107,7 +108,7 @@ class _DistributedSender(WeightSender):
 
     def _raise_failures(self, store: dist.Store, size: int) -> None:
         """While the group forms: a collector rank that failed to start, or a listener that left."""
-        rd.raise_failures(store, range(1, size))
+        process_groups.raise_failures(store, range(1, size))
         self._raise_rejected(store)
 
     def _raise_rejected(self, store: dist.Store) -> None:
@@ -146,7 +147,7 @@ class _DistributedSender(WeightSender):
             self.connect()
         group, timeout_s = self._group, self._scheme.timeout_s
         for peer in self._peers:
-            self._talk(peer, version, lambda p=peer: rd.send_frame(group, p, _VERSION, arg=version))
+            self._talk(peer, version, lambda p=peer: process_groups.send_frame(group, p, _VERSION, arg=version))
         if copy and self._on_gpu:
             self._stage.copy_from(self._weights)  # one synchronization, then every bucket is on the host
         works = []
@@ -154,13 +155,13 @@ class _DistributedSender(WeightSender):
             if copy and not self._on_gpu:  # this bucket's copy overlaps the previous bucket's broadcast
                 self._stage.copy_from(self._weights, names)
             options = dist.BroadcastOptions()
-            options.rootRank, options.timeout = 0, rd.seconds(timeout_s)
+            options.rootRank, options.timeout = 0, process_groups.seconds(timeout_s)
             works.append(group.broadcast([chunk], options))
         try:
             for work in works:
                 work.wait()
         except RuntimeError as e:
-            dead = self._gone_peer() if rd.is_peer_gone(e) else None
+            dead = self._gone_peer() if process_groups.is_peer_gone(e) else None
             if dead is not None:
                 raise SyncError(f"sync=distributed: {self._scheme.describe(dead)} died (its connection closed) while "
                                 f"weights version {version} was broadcast") from None
@@ -175,14 +176,14 @@ class _DistributedSender(WeightSender):
         its address). A live one stays silent and is passed over after a moment."""
         for peer in self._peers:
             try:
-                rd.recv_header(self._group, peer, 0.2)
+                process_groups.recv_header(self._group, peer, 0.2)
             except RuntimeError as e:
-                if rd.is_peer_gone(e):
+                if process_groups.is_peer_gone(e):
                     return peer
         return None
 
     def _ack(self, peer: int, version: int) -> None:
-        kind, _, acked = rd.recv_header(self._group, peer, self._scheme.timeout_s)
+        kind, _, acked = process_groups.recv_header(self._group, peer, self._scheme.timeout_s)
         if kind == _FAILED:  # its part of the broadcast failed: a receiver further down gloo's tree died?
             dead = self._gone_peer()
             raise SyncError(f"sync=distributed: {self._scheme.describe(dead if dead is not None else peer)} "
@@ -195,7 +196,7 @@ class _DistributedSender(WeightSender):
         try:
             action()
         except RuntimeError as e:
-            if rd.is_peer_gone(e):
+            if process_groups.is_peer_gone(e):
                 raise SyncError(f"sync=distributed: {self._scheme.describe(peer)} died (its connection closed) while "
                                 f"weights version {version} was pushed") from None
             raise SyncError(f"sync=distributed: {self._scheme.describe(peer)} did not answer within "
@@ -207,7 +208,7 @@ class _DistributedSender(WeightSender):
             return
         for peer in self._peers:  # each receiver's thread ends; a receiver already gone is no error here
             try:
-                rd.send_frame(self._group, peer, _CLOSE)
+                process_groups.send_frame(self._group, peer, _CLOSE)
             except RuntimeError:
                 pass
         self._group = None
@@ -225,9 +226,9 @@ class DistributedReceiver(WeightReceiver):
     status) for any other end; a module that does not fit tells the learner, which fails naming it.
     """
 
-    def __init__(self, address: rd.StoreAddress, rank: int | None, bucket_bytes: int, timeout_s: float,
+    def __init__(self, address: process_groups.StoreAddress, rank: int | None, bucket_bytes: int, timeout_s: float,
                  loopback: bool = False, listener: int | None = None,
-                 initial: FlatWeights | None = None, version: int = -1, run_dir: Path | None = None):
+                 initial: FlatBuffer | None = None, version: int = -1, run_dir: Path | None = None):
         self._address, self._rank, self._listener = address, rank, listener
         self._run_dir = run_dir  # a listener's: whether its run is over bounds every wait
         self._bucket_bytes, self._timeout_s, self._loopback = bucket_bytes, timeout_s, loopback
@@ -245,8 +246,8 @@ class DistributedReceiver(WeightReceiver):
         self._raise_if_over()
         store = self._connect_store()
         layout = (self._initial.layout if self._initial is not None else
-                  pickle.loads(rd.wait_for_key(store, "layout", self._timeout_s)))
-        self._sets = [FlatWeights(layout, shared=False) for _ in range(_SETS)]
+                  pickle.loads(process_groups.wait_for_key(store, "layout", self._timeout_s)))
+        self._sets = [FlatBuffer(layout, shared=False) for _ in range(_SETS)]
         self._check_matches(policy, store)
         self._policy = policy
         self._lock = threading.Condition()
@@ -330,18 +331,19 @@ class DistributedReceiver(WeightReceiver):
 
     def _receive(self, store) -> None:
         try:
-            size = int(rd.wait_for_key(store, "size", _IDLE_S, self._stop_waiting))
+            size = int(process_groups.wait_for_key(store, "size", _IDLE_S, self._stop_waiting))
             rank = self._rank
             if rank is None:
-                rank = int(rd.wait_for_key(store, "listeners_at", self._timeout_s, self._stop_waiting)) + self._listener
-            group = rd.gloo_group(store, "weights", rank, size, self._timeout_s, self._loopback,
-                                  self._raise_if_stopping)
+                first = process_groups.wait_for_key(store, "listeners_at", self._timeout_s, self._stop_waiting)
+                rank = int(first) + self._listener
+            group = process_groups.gloo_group(store, "weights", rank, size, self._timeout_s, self._loopback,
+                                              self._raise_if_stopping)
             # Kept, however this thread ends: destroying a group here could race the interpreter's
             # exit (once ``ended`` or the error is seen), which aborts the process; it goes with the receiver.
             self._group = group
             buckets = [s.buckets(self._bucket_bytes) for s in self._sets]
             while True:
-                kind, _, version = rd.recv_header(group, 0, _IDLE_S)
+                kind, _, version = process_groups.recv_header(group, 0, _IDLE_S)
                 if kind == _CLOSE:
                     with self._lock:
                         self.ended = True
@@ -352,11 +354,11 @@ class DistributedReceiver(WeightReceiver):
                 try:
                     for _names, chunk in buckets[target]:
                         options = dist.BroadcastOptions()
-                        options.rootRank, options.timeout = 0, rd.seconds(self._timeout_s)
+                        options.rootRank, options.timeout = 0, process_groups.seconds(self._timeout_s)
                         group.broadcast([chunk], options).wait()
                 except RuntimeError as e:  # the learner hears at once (it then names whoever died)
                     try:
-                        rd.send_frame(group, 0, _FAILED, arg=version)
+                        process_groups.send_frame(group, 0, _FAILED, arg=version)
                     except RuntimeError:
                         pass
                     raise RuntimeError(f"receiving weights version {version} failed (a peer's connection closed?): "
@@ -364,12 +366,13 @@ class DistributedReceiver(WeightReceiver):
                 with self._lock:
                     self._ready, self._ready_version = target, version
                     self._lock.notify_all()
-                rd.send_frame(group, 0, _ACK, arg=version)
+                process_groups.send_frame(group, 0, _ACK, arg=version)
         except BaseException as e:  # noqa: BLE001  (the collector's next poll raises it)
             if self._stopping():  # closed, or the watch on the run said why already
                 return
             # A store whose process died fails with DistNetworkError ("Failed to recv"), a group with "closed by peer".
-            gone = (isinstance(e, dist.DistNetworkError) or isinstance(e, RuntimeError) and rd.is_peer_gone(e)) and (
+            gone = (isinstance(e, dist.DistNetworkError)
+                    or isinstance(e, RuntimeError) and process_groups.is_peer_gone(e)) and (
                 "receiving weights version" not in str(e))
             over = self._run_over_soon() if gone else None
             if over is not None:  # a listener's learner died with its run: say how the run ended
@@ -480,9 +483,9 @@ class DistributedSync(WeightSyncScheme):
                  timeout_s: PositiveNumber = 30.0):
         self.every, self.listeners, self.timeout_s = every, listeners, timeout_s
         self.bucket_bytes = int(bucket_mb * (1 << 20))
-        self._world = rd.current()
+        self._world = process_groups.current()
         self._made: list[DistributedReceiver] = []
-        self._initial: FlatWeights | None = None
+        self._initial: FlatBuffer | None = None
         self._version = 0
         self._server = None
         self.store, self.address, self.loopback = None, None, False
@@ -501,7 +504,7 @@ class DistributedSync(WeightSyncScheme):
         if self._world is not None:  # a torchrun job: the other ranks receive, through the job's store
             self.store, self.address = self._world.store, self._world.address
         else:  # worker processes of this machine, through a store of the learner's
-            self._server, self.address = rd.local_store(self.timeout_s)
+            self._server, self.address = process_groups.local_store(self.timeout_s)
             self.store, self.loopback = self._server, True
         self.store.set("layout", pickle.dumps(layout_of(policy)))
         sender = _DistributedSender(policy, self, version)
@@ -537,7 +540,7 @@ def listen(run_dir: str | Path, index: int = 0, timeout_s: float = 60.0) -> Dist
     if not 0 <= index < contact["listeners"]:
         raise SyncError(f"listener index {index} is out of range: the run at {run_dir} has sync.listeners="
                         f"{contact['listeners']}")
-    address = rd.StoreAddress(contact["host"], contact["port"], contact["prefix"])
+    address = process_groups.StoreAddress(contact["host"], contact["port"], contact["prefix"])
     return DistributedReceiver(address, None, contact["bucket_bytes"], timeout_s, loopback=contact["loopback"],
                                listener=index, run_dir=run_dir)
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from torch import nn
 
-from rltrain.sync.base import FlatWeights, WeightReceiver, WeightSender, WeightSyncScheme, named_weights
+from rltrain.sync.base import FlatBuffer, WeightReceiver, WeightSender, WeightSyncScheme, named_weights
 
 
 class _NoSender(WeightSender):
-    def __init__(self, initial: FlatWeights):
+    def __init__(self, initial: FlatBuffer):
         self._initial = initial
 
     def push(self) -> int:
@@ -19,7 +19,7 @@ class _NoSender(WeightSender):
 
 
 class _InitialWeightsReceiver(WeightReceiver):
-    def __init__(self, initial: FlatWeights, version: int):
+    def __init__(self, initial: FlatBuffer, version: int):
         self._initial, self.version = initial, version
 
     def connect(self, policy: nn.Module) -> None:
@@ -36,11 +36,11 @@ class NoSync(WeightSyncScheme):
     PUSHES = False
 
     def __init__(self):
-        self._initial: FlatWeights | None = None
+        self._initial: FlatBuffer | None = None
         self._version = 0
 
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
-        self._initial = FlatWeights.like(policy, shared=False)
+        self._initial = FlatBuffer.like(policy, shared=False)
         self._initial.copy_from(named_weights(policy))
         self._version = version
         sender = _NoSender(self._initial)

@@ -22,7 +22,7 @@ from torch import nn
 
 from rltrain.errors import SyncError
 from rltrain.rules import PositiveNumber
-from rltrain.sync.base import FlatWeights, PushEvery, WeightReceiver, WeightSender, WeightSyncScheme, named_weights
+from rltrain.sync.base import FlatBuffer, PushEvery, WeightReceiver, WeightSender, WeightSyncScheme, named_weights
 
 _PIPE_BYTES = 1 << 20  # a bigger kernel pipe buffer: fewer context switches per megabyte sent
 
@@ -38,7 +38,7 @@ class _PipeSender(WeightSender):
         self._on_gpu = any(t.is_cuda for t in self._sources)
         # A host copy of the last push: what collectors act with until the next one (for
         # checkpoints), and what a GPU learner's weights are sent from.
-        self._stage = FlatWeights(layout, shared=False, pinned=self._on_gpu)
+        self._stage = FlatBuffer(layout, shared=False, pinned=self._on_gpu)
         self._stage.copy_from(weights)
         self._writers, self._timeout_s = writers, timeout_s
         self._pool: ThreadPoolExecutor | None = None
@@ -98,7 +98,7 @@ def _read_exact(fd: int, chunks: list[memoryview]) -> None:
 
 
 class _PipeReceiver(WeightReceiver):
-    def __init__(self, reader, initial: FlatWeights, version: int = 0):
+    def __init__(self, reader, initial: FlatBuffer, version: int = 0):
         self._reader, self._initial, self.version = reader, initial, version
         self._header = bytearray(8)
         self._targets: list[memoryview] | None = None
@@ -139,12 +139,12 @@ class PipeSync(WeightSyncScheme):
 
     def __init__(self, every: PushEvery = 1, timeout_s: PositiveNumber = 30.0):
         self.every, self.timeout_s = every, timeout_s
-        self._initial: FlatWeights | None = None
+        self._initial: FlatBuffer | None = None
         self._initial_version = 0
         self._writers: list = []
 
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
-        self._initial = FlatWeights.like(policy, shared=False)
+        self._initial = FlatBuffer.like(policy, shared=False)
         self._initial.copy_from(named_weights(policy))  # the initial version travels inside each receiver
         self._initial_version = version
         sender = _PipeSender(policy, self._initial.layout, self._writers, self.timeout_s)

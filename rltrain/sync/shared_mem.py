@@ -29,7 +29,7 @@ from torch import nn
 from rltrain.errors import SyncError
 from rltrain.rules import Integer, PositiveNumber
 from rltrain.sync.base import (
-    FlatWeights,
+    FlatBuffer,
     PushEvery,
     WeightReceiver,
     WeightSender,
@@ -99,7 +99,7 @@ def _received_lock(dup) -> _FileLock:
 class _Shared:
     """The state sender and receivers share: slots, the published word, one pin per receiver."""
 
-    def __init__(self, slots: list[FlatWeights], timeout_s: float):
+    def __init__(self, slots: list[FlatBuffer], timeout_s: float):
         self.slots = slots
         self.word = torch.zeros(1, dtype=torch.int64).share_memory_()  # version * len(slots) + slot
         # Elsewhere than Linux: a multiprocessing lock (which SIGKILL may leave in /dev/shm).
@@ -196,7 +196,7 @@ class SharedMemSync(WeightSyncScheme):
 
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
         # A GPU learner's slots are page-locked: each push is one device-to-host copy into a free slot.
-        slots = [FlatWeights.like(policy, shared=True, pinned=on_gpu(policy)) for _ in range(self.n_slots)]
+        slots = [FlatBuffer.like(policy, shared=True, pinned=on_gpu(policy)) for _ in range(self.n_slots)]
         slots[0].copy_from(named_weights(policy))  # the initial weights, in slot 0
         self._shared = _Shared(slots, self.timeout_s)
         self._shared.word.fill_(version * self.n_slots)
