@@ -16,17 +16,15 @@ from tensordict import TensorDict
 from rltrain import process_groups
 from rltrain.collectors.backlog import Backlog
 from rltrain.collectors.batch import as_batch
-from rltrain.collectors.rank_pool import COLLECT, RankPool, check_rank_batch, collector_ranks
+from rltrain.collectors.rank_pool import COLLECT, RankCollector, check_rank_batch, collector_ranks
 from rltrain.envs.spaces import EnvSpec
-from rltrain.protocols import Collector
 
 
-class AsyncRankCollector(Collector):
+class AsyncRankCollector(RankCollector):
     """The learner's side: keeps every collector rank collecting; a batch is one rank's
     ``frames_per_batch`` frames."""
 
-    BATCH_ENVS = ("collector.envs_per_rank",)
-    ON_OTHER_RANKS = True
+    KIND = "async"
 
     @staticmethod
     def check_job(world: process_groups.World | None, config: dict) -> None:
@@ -45,15 +43,10 @@ class AsyncRankCollector(Collector):
                  workers_per_rank: int = 0, max_lag: int | None = 2, start_method: str = "spawn",
                  timeout_s: float = 60.0):
         # ``sender`` is not needed: a rank acts with the newest weights it holds, whatever their version.
-        world = process_groups.current()
-        config = {"frames_per_batch": frames_per_batch, "envs_per_rank": envs_per_rank,
-                  "workers_per_rank": workers_per_rank}
-        self.check_job(world, config)
-        self.frames_per_batch, self.max_lag = frames_per_batch, max_lag
+        super().__init__(env_spec, frames_per_batch, None, envs_per_rank, workers_per_rank, max_lag, start_method,
+                         timeout_s)
         # Backpressure: a rank is not commanded for a batch the learner would drop as too old (indexed by rank).
-        self._backlog = Backlog(world.size, max_lag) if max_lag is not None else None
-        steps = self.rank_frames(config, collector_ranks(world)) // envs_per_rank
-        self.pool = RankPool(world, env_spec, steps, envs_per_rank, timeout_s, "async")
+        self._backlog = Backlog(len(self.pool.ranks) + 1, max_lag) if max_lag is not None else None
 
     def __iter__(self) -> Iterator[TensorDict]:
         pool, backlog = self.pool, self._backlog
@@ -84,5 +77,3 @@ class AsyncRankCollector(Collector):
         raise ValueError(f"the checkpoint holds {len(state.get('ranks', ()))} collector ranks' envs, this job has "
                          f"{len(self.pool.ranks)} (async)")
 
-    def close(self) -> None:
-        self.pool.close()

@@ -22,22 +22,19 @@ from rltrain.collectors.rank_pool import (
     LOAD,
     OBJECT,
     STATE,
-    RankPool,
+    RankCollector,
     check_rank_batch,
     collector_ranks,
 )
-from rltrain.envs.spaces import EnvSpec
-from rltrain.protocols import Collector
 
 log = logging.getLogger("rltrain")
 
 
-class LockstepRankCollector(Collector):
+class LockstepRankCollector(RankCollector):
     """The learner's side: commands every collector rank at once; a batch is each rank's
     ``frames_per_batch / ranks`` frames side by side."""
 
-    BATCH_ENVS = ("collector.envs_per_rank",)
-    ON_OTHER_RANKS = True
+    KIND = "lockstep"
 
     @staticmethod
     def check_job(world: process_groups.World | None, config: dict) -> None:
@@ -50,17 +47,6 @@ class LockstepRankCollector(Collector):
     def rank_frames(config: dict, ranks: int) -> int:
         """The frames of one rank's batch: every rank's together make one."""
         return config["frames_per_batch"] // ranks
-
-    def __init__(self, env_spec: EnvSpec, frames_per_batch: int, sender, envs_per_rank: int = 8,
-                 workers_per_rank: int = 0, max_lag: int | None = 2, start_method: str = "spawn",
-                 timeout_s: float = 60.0):
-        world = process_groups.current()
-        config = {"frames_per_batch": frames_per_batch, "envs_per_rank": envs_per_rank,
-                  "workers_per_rank": workers_per_rank}
-        self.check_job(world, config)
-        self.frames_per_batch, self.max_lag, self._sender = frames_per_batch, max_lag, sender
-        steps = self.rank_frames(config, collector_ranks(world)) // envs_per_rank
-        self.pool = RankPool(world, env_spec, steps, envs_per_rank, timeout_s, "lockstep")
 
     def __iter__(self) -> Iterator[TensorDict]:
         pool = self.pool
@@ -101,5 +87,3 @@ class LockstepRankCollector(Collector):
         if failed:
             raise ValueError("; ".join(failed))
 
-    def close(self) -> None:
-        self.pool.close()

@@ -23,6 +23,7 @@ from rltrain.collectors.batch import batch_steps
 from rltrain.collectors.rollout import frame_layout
 from rltrain.envs.spaces import EnvSpec
 from rltrain.errors import CollectorError, ConfigError
+from rltrain.protocols import Collector
 from rltrain.sync.base import FlatBuffer
 
 log = logging.getLogger("rltrain")
@@ -192,3 +193,28 @@ class RankPool:
         for thread in self.receiving.values():
             thread.join(min(self.timeout_s, 10.0))
         self.ranks, self.receiving = [], {}
+
+
+class RankCollector(Collector):
+    """What the lock-step and async rank collectors share: the job checked against the config (their
+    ``check_job``), and one ``RankPool`` of the collector ranks, each collecting ``rank_frames`` per
+    batch (``KIND`` names the mode in messages)."""
+
+    BATCH_ENVS = ("collector.envs_per_rank",)
+    ON_OTHER_RANKS = True
+    KIND = ""
+
+    def __init__(self, env_spec: EnvSpec, frames_per_batch: int, sender=None, envs_per_rank: int = 8,
+                 workers_per_rank: int = 0, max_lag: int | None = 2, start_method: str = "spawn",
+                 timeout_s: float = 60.0):
+        # workers_per_rank and start_method are the ranks' own (factory.serve_rank builds their collectors).
+        world = process_groups.current()
+        config = {"frames_per_batch": frames_per_batch, "envs_per_rank": envs_per_rank,
+                  "workers_per_rank": workers_per_rank}
+        self.check_job(world, config)
+        self.frames_per_batch, self.max_lag, self._sender = frames_per_batch, max_lag, sender
+        steps = self.rank_frames(config, collector_ranks(world)) // envs_per_rank
+        self.pool = RankPool(world, env_spec, steps, envs_per_rank, timeout_s, self.KIND)
+
+    def close(self) -> None:
+        self.pool.close()

@@ -118,6 +118,10 @@ class WeightSyncScheme(ABC):
     REACHES_OTHER_RANKS = False  # whether its receivers may be other ranks of a torchrun job, on other machines
     every: int | None = None  # batches between pushes (``sync.every``; WeightPushHook reads it), None: never
 
+    def __init__(self, every: PushEvery = 1):
+        """``every``: the scheme's ``sync.every`` (a subclass's ``every`` keeps this rule)."""
+        self.every = every
+
     @abstractmethod
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
         """Create the learner's sender for ``policy``; call once, before any receiver. The

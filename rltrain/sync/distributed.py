@@ -44,7 +44,6 @@ from rltrain.errors import SyncError
 from rltrain.rules import NonNegativeInt, PositiveNumber
 from rltrain.sync.base import (
     FlatBuffer,
-    PushEvery,
     WeightReceiver,
     WeightSender,
     WeightSyncScheme,
@@ -479,9 +478,10 @@ class DistributedSync(WeightSyncScheme):
     CROSS_PROCESS_ONLY = True
     REACHES_OTHER_RANKS = True
 
-    def __init__(self, every: PushEvery = 1, bucket_mb: PositiveNumber = 16.0, listeners: NonNegativeInt = 0,
+    def __init__(self, every: int | None = 1, bucket_mb: PositiveNumber = 16.0, listeners: NonNegativeInt = 0,
                  timeout_s: PositiveNumber = 30.0):
-        self.every, self.listeners, self.timeout_s = every, listeners, timeout_s
+        super().__init__(every)
+        self.listeners, self.timeout_s = listeners, timeout_s
         self.bucket_bytes = int(bucket_mb * (1 << 20))
         self._world = process_groups.current()
         self._made: list[DistributedReceiver] = []

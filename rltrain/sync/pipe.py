@@ -22,7 +22,7 @@ from torch import nn
 
 from rltrain.errors import SyncError
 from rltrain.rules import PositiveNumber
-from rltrain.sync.base import FlatBuffer, PushEvery, WeightReceiver, WeightSender, WeightSyncScheme, named_weights
+from rltrain.sync.base import FlatBuffer, WeightReceiver, WeightSender, WeightSyncScheme, named_weights
 
 _PIPE_BYTES = 1 << 20  # a bigger kernel pipe buffer: fewer context switches per megabyte sent
 
@@ -137,8 +137,9 @@ class PipeSync(WeightSyncScheme):
 
     CROSS_PROCESS_ONLY = True
 
-    def __init__(self, every: PushEvery = 1, timeout_s: PositiveNumber = 30.0):
-        self.every, self.timeout_s = every, timeout_s
+    def __init__(self, every: int | None = 1, timeout_s: PositiveNumber = 30.0):
+        super().__init__(every)
+        self.timeout_s = timeout_s
         self._initial: FlatBuffer | None = None
         self._initial_version = 0
         self._writers: list = []

@@ -30,7 +30,6 @@ from rltrain.errors import SyncError
 from rltrain.rules import Integer, PositiveNumber
 from rltrain.sync.base import (
     FlatBuffer,
-    PushEvery,
     WeightReceiver,
     WeightSender,
     WeightSyncScheme,
@@ -189,9 +188,10 @@ SLOTS = Integer(2, note="one published, one being written")  # sync.slots
 class SharedMemSync(WeightSyncScheme):
     """Versioned snapshots in ``slots`` shared-memory buffers, read in place by every collector."""
 
-    def __init__(self, every: PushEvery = 1, slots: Annotated[int, SLOTS] = 3, timeout_s: PositiveNumber = 30.0):
+    def __init__(self, every: int | None = 1, slots: Annotated[int, SLOTS] = 3, timeout_s: PositiveNumber = 30.0):
         SLOTS.check("sync.slots", slots)  # also when built from Python, not from a config
-        self.every, self.n_slots, self.timeout_s = every, slots, timeout_s
+        super().__init__(every)
+        self.n_slots, self.timeout_s = slots, timeout_s
         self._shared: _Shared | None = None
 
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
