@@ -55,6 +55,8 @@ TOP_LEVEL_RULES: dict[str, Rule] = {
 }
 # The parts with a _target_ (logger and hooks: one per name below them); None: may be left out.
 PARTS = {"env": "env", "algo": "algo", "algo.network": None, "collector": "collector", "sync": "sync"}
+
+
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first problem found in ``cfg``."""
     # What build() injects and consumes itself, as the factory states it (imported here: the factory imports this).
