@@ -1,0 +1,120 @@
+"""A tiny causal LM made here, from a config with random weights, and a character-level tokenizer
+trained by nothing (its vocabulary is the characters the built-in tasks use): a Hugging Face model
+dir that ``AutoModelForCausalLM``/``AutoTokenizer`` load, with nothing downloaded.
+
+    python -m rltrain.llm.tiny outputs/tiny-qwen2            # writes the dir (or any path)
+    python -m rltrain.llm.tiny outputs/tiny-llama --arch llama
+
+``tiny_model_dir(name)`` makes one on first use in ``$RLTRAIN_CACHE`` (default ``~/.cache/rltrain``)
+and returns it afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import string
+import tempfile
+from pathlib import Path
+
+ARCHS = ("qwen2", "llama")
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+# Every character a built-in task writes or a completion may need: digits, operators, letters, punctuation.
+CHARACTERS = string.digits + string.ascii_letters + " +-*/=?:,.()<>[]'\"!\n"
+_PRINTABLE = {*range(33, 127), *range(161, 173), *range(174, 256)}  # bytes that are their own symbol
+_SHIFTED = [b for b in range(256) if b not in _PRINTABLE]
+_MADE = "rltrain_tiny.json"  # written last: a dir without it was cut short and is made again
+
+
+def make_tokenizer():
+    """A character-level fast tokenizer: one token per character of ``CHARACTERS``, with pad, bos,
+    eos and unk tokens; ``decode`` gives the text back exactly. Byte-level BPE without merges (each
+    character its byte-level symbol: a space is ``Ġ``), the form of Qwen2's and Llama 3's tokenizers,
+    so that transformers' own tokenizer classes for those models read it as it is written."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *(_byte_level(c) for c in CHARACTERS)])}
+    tok = Tokenizer(models.BPE(vocab, merges=[], unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<unk>", clean_up_tokenization_spaces=False)
+
+
+def _byte_level(char: str) -> str:
+    """The byte-level BPE symbol of an ASCII character (GPT-2's mapping: printable characters are
+    themselves, the others are shifted past 255: a space is ``Ġ``, a newline ``Ċ``)."""
+    code = ord(char)
+    return char if code in _PRINTABLE else chr(256 + _SHIFTED.index(code))
+
+
+def make_model(vocab_size: int, arch: str = "qwen2", hidden_size: int = 64, layers: int = 2, heads: int = 4,
+               kv_heads: int = 2, context: int = 256, seed: int = 0, pad_token_id: int = 0, bos_token_id: int = 1,
+               eos_token_id: int = 2):
+    """A randomly initialised causal LM of ``arch`` (Qwen2 or Llama: the architectures vLLM serves too)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    if arch not in ARCHS:
+        raise ValueError(f"arch must be one of {', '.join(ARCHS)} (got {arch!r})")
+    config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
+    config = config_cls(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                        max_position_embeddings=context, tie_word_embeddings=True, pad_token_id=pad_token_id,
+                        bos_token_id=bos_token_id, eos_token_id=eos_token_id)
+    torch.manual_seed(seed)
+    return model_cls(config)
+
+
+def write_tiny_model(path: str | Path, arch: str = "qwen2", seed: int = 0, **sizes) -> Path:
+    """Write a tiny model dir at ``path`` (weights, config, tokenizer); written to a temporary dir
+    beside it and renamed, so a dir at ``path`` is always whole."""
+    path = Path(path)
+    tokenizer = make_tokenizer()
+    model = make_model(len(tokenizer), arch, seed=seed, pad_token_id=tokenizer.pad_token_id,
+                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    model.save_pretrained(staging)
+    tokenizer.save_pretrained(staging)
+    (staging / _MADE).write_text(json.dumps({"arch": arch, "seed": seed, **sizes}) + "\n")
+    staging.chmod(0o755)  # mkdtemp makes it private
+    staging.replace(path)
+    return path
+
+
+def tiny_model_dir(name: str = "tiny-qwen2", arch: str = "qwen2", seed: int = 0) -> Path:
+    """The dir of the tiny model ``name`` in rltrain's cache, made on first use."""
+    root = Path(os.environ.get("RLTRAIN_CACHE", Path.home() / ".cache" / "rltrain")) / "models"
+    path = root / name
+    if not (path / _MADE).exists():
+        if path.exists():  # cut short by a crash: make it again
+            import shutil
+
+            shutil.rmtree(path)
+        try:
+            write_tiny_model(path, arch, seed)
+        except OSError:
+            if not (path / _MADE).exists():  # not another process that made it first
+                raise
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m rltrain.llm.tiny", description=__doc__.split("\n\n")[0])
+    parser.add_argument("path", help="the model dir to write (it must not exist)")
+    parser.add_argument("--arch", choices=ARCHS, default="qwen2")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    args = parser.parse_args(argv)
+    if Path(args.path).exists():
+        parser.error(f"{args.path} exists; give a new path")
+    path = write_tiny_model(args.path, args.arch, args.seed, hidden_size=args.hidden_size, layers=args.layers)
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

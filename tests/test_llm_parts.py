@@ -1,0 +1,118 @@
+"""The parts language-model policies build on: the tiny model made here (nothing downloaded), the
+built-in verifiable tasks and the reward functions."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from rltrain.errors import ConfigError, RunError
+from rltrain.llm.rewards import Rewards, correct_answer, follows_format, length_penalty
+from rltrain.llm.tasks import Arithmetic, ReverseDigits
+from rltrain.llm.tiny import tiny_model_dir, write_tiny_model
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_tiny_model_is_a_hugging_face_dir_that_loads_and_generates(arch, tmp_path):
+    path = write_tiny_model(tmp_path / arch, arch=arch)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path)
+    assert model.config.model_type == arch and sum(p.numel() for p in model.parameters()) < 200_000
+    prompt = "12+7="
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    assert ids.shape[1] == len(prompt) and tokenizer.decode(ids[0]) == prompt  # one token per character
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False,
+                         pad_token_id=tokenizer.pad_token_id)
+    assert out.shape[1] > ids.shape[1] and tokenizer.decode(out[0]).startswith(prompt)
+
+
+def test_the_cached_tiny_model_is_made_once(tmp_path, monkeypatch):
+    monkeypatch.setenv("RLTRAIN_CACHE", str(tmp_path))
+    first = tiny_model_dir()
+    made = (first / "model.safetensors").stat().st_mtime_ns
+    assert tiny_model_dir() == first and (first / "model.safetensors").stat().st_mtime_ns == made
+    (first / "rltrain_tiny.json").unlink()  # as if a crash cut the first making short
+    assert tiny_model_dir() == first and (first / "rltrain_tiny.json").exists()
+
+
+def test_every_character_of_the_built_in_tasks_is_a_token_of_the_tiny_tokenizer(tmp_path):
+    tokenizer = AutoTokenizer.from_pretrained(write_tiny_model(tmp_path / "m"))
+    for task in (Arithmetic(digits=3, ops="+-*"), ReverseDigits(length=5), ReverseDigits(sort=True)):
+        for row in task.take(50):
+            for text in (row["prompt"], row["answer"]):
+                ids = tokenizer(text).input_ids
+                assert tokenizer.unk_token_id not in ids and tokenizer.decode(ids) == text
+
+
+def test_arithmetic_rows_hold_the_right_answers_and_resume_where_they_stopped():
+    task = Arithmetic(digits=2, ops="+-*", seed=5)
+    rows = task.take(200)
+    for row in rows:
+        a, op, b = __import__("re").fullmatch(r"(\d+)([+*-])(\d+)=", row["prompt"]).groups()
+        assert int(row["answer"]) == {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+    assert {r["prompt"][len(r["prompt"]) // 2] for r in rows} and len({r["prompt"] for r in rows}) > 150
+
+    again = Arithmetic(digits=2, ops="+-*", seed=5)
+    again.take(120)
+    resumed = Arithmetic(digits=2, ops="+-*", seed=5)
+    resumed.load_state_dict(again.state_dict())
+    assert resumed.take(80) == rows[120:]
+    assert Arithmetic(digits=2, ops="+-*", seed=6).take(5) != rows[:5]
+    evals = {r["prompt"] for r in task.eval_split().take(200)}
+    assert task.eval_split().take(5) == task.eval_split().take(5) and evals != {r["prompt"] for r in rows}
+
+
+def test_reverse_and_sort_rows():
+    for row in ReverseDigits(length=6).take(20):
+        digits = row["prompt"].removeprefix("reverse ").removesuffix(":")
+        assert len(digits) == 6 and row["answer"] == digits[::-1]
+    for row in ReverseDigits(length=4, sort=True).take(20):
+        assert row["answer"] == "".join(sorted(row["prompt"].removeprefix("sort ").removesuffix(":")))
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda: Arithmetic(ops="/"), r"env.ops must be one or more of '\+-\*' \(got '/'\)"),
+    (lambda: Arithmetic(digits=0), r"env.digits must be an integer >= 1 \(got 0\)"),
+    (lambda: ReverseDigits(length=0), r"env.length must be an integer >= 1"),
+    (lambda: Arithmetic(split="test"), r"env.split must be train or eval \(got 'test'\)"),
+])
+def test_bad_task_settings_are_refused_naming_the_key(make, match):
+    with pytest.raises(ConfigError, match=match):
+        make()
+
+
+def test_the_built_in_rewards():
+    assert correct_answer("2+3=", "5", answer="5") == 1.0
+    assert correct_answer("2-3=", " -1 and more", answer="-1") == 1.0
+    assert correct_answer("2+3=", "6", answer="5") == 0.0 and correct_answer("2+3=", "five", answer="5") == 0.0
+    assert follows_format("", " 42 ") == 1.0 and follows_format("", "42 is it") == 0.0
+    assert length_penalty("", "42") == 0.0 and length_penalty("", "42" + "x" * 8, max_chars=16) == -0.5
+    assert length_penalty("", "x" * 100) == -1.0
+
+
+def test_rewards_are_weighted_and_each_is_reported():
+    rewards = Rewards({"correct": correct_answer, "format": follows_format}, {"format": 0.5})
+    total, each = rewards("2+3=", "5!", {"prompt": "2+3=", "answer": "5"})
+    assert each == {"correct": 1.0, "format": 0.0} and total == 1.0
+    total, _ = rewards("2+3=", "5", {"prompt": "2+3=", "answer": "5"})
+    assert math.isclose(total, 1.5)
+
+
+def test_a_reward_function_that_raises_is_named_with_the_prompt():
+    def picky(prompt, completion, answer):
+        raise KeyError("difficulty")
+
+    with pytest.raises(RunError, match=r"reward function picky raised KeyError: 'difficulty' on the prompt '2\+3='"):
+        Rewards({"picky": picky})("2+3=", "5", {"prompt": "2+3=", "answer": "5"})
+    with pytest.raises(RunError, match=r"reward function nan returned nan on the prompt '1\+1='; a reward is a finite"):
+        Rewards({"nan": lambda p, c, **row: float("nan")})("1+1=", "2", {"answer": "2"})
+
+
+def test_bad_reward_settings_are_refused():
+    with pytest.raises(ConfigError, match=r"env.rewards.nope is not callable \('correct_answer'\)"):
+        Rewards({"nope": "correct_answer"})
+    with pytest.raises(ConfigError, match=r"env.reward_weights names fomat, which env.rewards does not have"):
+        Rewards({"format": follows_format}, {"fomat": 1.0})
