@@ -1,0 +1,112 @@
+"""Generation engines: what samples groups of completions with the policy's current weights.
+
+An ``Engine`` turns prompts into ``Generated``: ``group_size`` completions of each prompt (one after
+another), padded token batches with masks, each generated token's sampling log-prob (under the
+distribution it was drawn from: after temperature and top-p) and the weights version that produced
+them. ``TransformersEngine`` runs transformers' own generation (with its KV cache) in this process;
+a vLLM engine implements the same interface.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rltrain.rules import PositiveFraction, PositiveInt, PositiveNumber
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How completions are drawn (the collector's keys)."""
+
+    temperature: PositiveNumber = 1.0
+    top_p: PositiveFraction = 1.0
+    max_new_tokens: PositiveInt = 16
+    stop: tuple[str, ...] = field(default_factory=tuple)  # a completion ends after the first of these strings
+
+
+@dataclass
+class Generated:
+    """``B = prompts x group_size`` completions, row ``i`` of prompt ``i // group_size``.
+
+    ``prompt_ids``/``prompt_mask`` ``[B, P]`` (left-padded), ``completion_ids``/``completion_mask``
+    ``[B, T]`` (right-padded: the mask keeps each completion's tokens up to and including its end, the
+    eos token or the token that completed a stop string), ``logprobs`` ``[B, T]`` (0 where masked),
+    ``truncated`` ``[B]`` (cut at ``max_new_tokens``), ``texts`` (each completion, without eos or
+    padding), ``version`` (of the weights that generated every row)."""
+
+    prompt_ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    logprobs: torch.Tensor
+    truncated: torch.Tensor
+    texts: list[str]
+    version: int
+
+
+class Engine(ABC):
+    """Generates with the weights it holds (``version``); rltrain's sync schemes replace them."""
+
+    version: int = 0
+
+    @abstractmethod
+    def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
+        """``group_size`` sampled completions of each prompt."""
+
+    def close(self) -> None:
+        """Release what the engine holds."""
+
+
+class TransformersEngine(Engine):
+    """transformers' ``generate`` on a model of this process (the embedded default engine)."""
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no pad token; set one (tokenizer.pad_token = tokenizer.eos_token)")
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
+        return cls(model, AutoTokenizer.from_pretrained(path, padding_side="left"))
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
+        tok, model = self.tokenizer, self.model
+        tok.padding_side = "left"
+        batch = tok([p for p in prompts for _ in range(group_size)], return_tensors="pt", padding=True,
+                    add_special_tokens=False).to(model.device)
+        if seed is not None:
+            torch.manual_seed(seed)
+        out = model.generate(**batch, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
+                             top_k=0, max_new_tokens=sampling.max_new_tokens, pad_token_id=tok.pad_token_id,
+                             eos_token_id=tok.eos_token_id, stop_strings=list(sampling.stop) or None,
+                             tokenizer=tok if sampling.stop else None, output_scores=True,
+                             return_dict_in_generate=True)
+        ids = out.sequences[:, batch.input_ids.shape[1]:]
+        scores = torch.stack(out.scores, dim=1).float()  # [B, T, V]: the processed logits each token was drawn from
+        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        lengths = [self._length(row, sampling.stop) for row in ids.tolist()]
+        steps = torch.arange(ids.shape[1], device=ids.device)
+        ends = torch.tensor([n for n, _ in lengths], device=ids.device)
+        mask = (steps[None, :] < ends[:, None]).long()
+        texts = [tok.decode(row[:n], skip_special_tokens=True) for row, (n, _) in zip(ids.tolist(), lengths)]
+        return Generated(batch.input_ids, batch.attention_mask, ids.masked_fill(mask == 0, tok.pad_token_id), mask,
+                         logprobs.masked_fill(mask == 0, 0.0),
+                         torch.tensor([cut for _, cut in lengths], device=ids.device), texts, self.version)
+
+    def _length(self, row: list[int], stop: tuple[str, ...]) -> tuple[int, bool]:
+        """How many tokens of ``row`` the completion holds, and whether ``max_new_tokens`` cut it."""
+        eos = self.tokenizer.eos_token_id
+        end = row.index(eos) + 1 if eos in row else len(row)
+        if stop:
+            for n in range(1, end + 1):
+                if any(s in self.tokenizer.decode(row[:n]) for s in stop):
+                    return n, False
+        return end, eos not in row[:end]
