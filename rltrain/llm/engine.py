@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from rltrain.rules import PositiveFraction, PositiveInt, PositiveNumber
+from rltrain.rules import Flag, PositiveFraction, PositiveInt, PositiveNumber
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class Sampling:
     top_p: PositiveFraction = 1.0
     max_new_tokens: PositiveInt = 16
     stop: tuple[str, ...] = field(default_factory=tuple)  # a completion ends after the first of these strings
+    greedy: Flag = False  # the most likely token at every step (evaluation), instead of sampling
 
 
 @dataclass
@@ -84,8 +85,9 @@ class TransformersEngine(Engine):
                     add_special_tokens=False).to(model.device)
         if seed is not None:
             torch.manual_seed(seed)
-        out = model.generate(**batch, do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                             top_k=0, max_new_tokens=sampling.max_new_tokens, pad_token_id=tok.pad_token_id,
+        drawn = {"do_sample": False} if sampling.greedy else {
+            "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+        out = model.generate(**batch, **drawn, max_new_tokens=sampling.max_new_tokens, pad_token_id=tok.pad_token_id,
                              eos_token_id=tok.eos_token_id, stop_strings=list(sampling.stop) or None,
                              tokenizer=tok if sampling.stop else None, output_scores=True,
                              return_dict_in_generate=True)
