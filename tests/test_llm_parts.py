@@ -3,6 +3,7 @@ built-in verifiable tasks and the reward functions."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rltrain.errors import ConfigError, RunError
 from rltrain.llm.rewards import Rewards, correct_answer, follows_format, length_penalty
-from rltrain.llm.tasks import Arithmetic, ReverseDigits
+from rltrain.llm.tasks import Arithmetic, Dataset, ReverseDigits
 from rltrain.llm.tiny import tiny_model_dir, write_tiny_model
 
 
@@ -116,3 +117,43 @@ def test_bad_reward_settings_are_refused():
         Rewards({"nope": "correct_answer"})
     with pytest.raises(ConfigError, match=r"env.reward_weights names fomat, which env.rewards does not have"):
         Rewards({"format": follows_format}, {"fomat": 1.0})
+
+
+def write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_a_dataset_file_gives_train_and_eval_rows_with_every_column(tmp_path):
+    rows = [{"question": f"{i}+1=", "answer": str(i + 1), "level": i % 3} for i in range(50)]
+    path = write_rows(tmp_path / "rows.jsonl", rows)
+    train = Dataset(path, prompt_key="question", eval_share=0.2, seed=1)
+    evals = train.eval_split()
+    seen = train.take(40)
+    assert {r["prompt"] for r in seen} | {r["prompt"] for r in evals.take(10)} == {r["question"] for r in rows}
+    assert len({r["prompt"] for r in seen}) == 40 and all(set(r) == {"prompt", "answer", "level"} for r in seen)
+    assert not {r["prompt"] for r in seen} & {r["prompt"] for r in evals.take(10)}
+    second_pass = train.take(40)
+    assert {r["prompt"] for r in second_pass} == {r["prompt"] for r in seen} and second_pass != seen  # reshuffled
+    resumed = Dataset(path, prompt_key="question", eval_share=0.2, seed=1)
+    resumed.load_state_dict({"position": 40})
+    assert resumed.take(40) == second_pass
+    held_out = Dataset(path, prompt_key="question", eval_path=write_rows(tmp_path / "eval.jsonl", rows[:3]))
+    assert held_out.eval_split().take(3) == [{"answer": r["answer"], "level": r["level"], "prompt": r["question"]}
+                                            for r in rows[:3]]
+
+
+@pytest.mark.parametrize("content, name, match", [
+    (None, "missing.jsonl", r"env.path=.*missing.jsonl: no such file"),
+    ('{"prompt": "1+1="}\nnot json\n', "bad.jsonl", r"line 2: not a JSON object"),
+    ('{"prompt": "1+1="}\n{"text": "2+2="}\n', "rows.jsonl",
+     r"row 2: no 'prompt' text \(its keys: text\); set env.prompt_key"),
+    ("", "empty.jsonl", r"holds no rows"),
+    ("a,b\n", "rows.csv", r"reads .jsonl and .parquet files \(got .csv\)"),
+])
+def test_a_dataset_that_cannot_be_read_is_named(content, name, match, tmp_path):
+    path = tmp_path / name
+    if content is not None:
+        path.write_text(content)
+    with pytest.raises(ConfigError, match=match):
+        Dataset(str(path))

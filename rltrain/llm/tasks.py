@@ -6,16 +6,20 @@ and a position a checkpoint saves (``state_dict``), so a resumed run goes on wit
 have seen. Built in:
 
 - ``Arithmetic``: ``a+b=``, ``a-b=``, ``a*b=`` with operands of ``digits`` digits;
-- ``ReverseDigits``: ``reverse 4821:`` -> ``1284``, of ``length`` digits (``sort: true``: sort them).
+- ``ReverseDigits``: ``reverse 4821:`` -> ``1284``, of ``length`` digits (``sort: true``: sort them);
+- ``Dataset``: the rows of a JSON Lines or Parquet file.
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import random
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Annotated
 
+from rltrain.errors import ConfigError
 from rltrain.rules import Flag, Integer, OneOf, PositiveInt, Satisfies
 
 SPLITS = ("train", "eval")
@@ -91,3 +95,70 @@ class ReverseDigits(Task):
         digits = "".join(rng.choice("0123456789") for _ in range(self.length))
         answer = "".join(sorted(digits)) if self.sort else digits[::-1]
         return {"prompt": f"{'sort' if self.sort else 'reverse'} {digits}:", "answer": answer}
+
+
+class Dataset(Task):
+    """Rows of a file: JSON Lines (``.jsonl``, one object per line) or Parquet (``.parquet``, with
+    pyarrow). ``prompt_key`` names the prompt's column; every other column reaches the reward
+    functions. The eval split is ``eval_path``'s rows, or else the last ``eval_share`` of the rows
+    (after a shuffle by ``seed``); train rows come in a new seeded order every pass over them."""
+
+    def __init__(self, path: str, prompt_key: str = "prompt", eval_path: str | None = None,
+                 eval_share: Annotated[float, Satisfies(lambda v: 0 < v < 1, "a number in (0, 1)")] = 0.1,
+                 seed: int = 0, split: str = "train"):
+        super().__init__(seed, split)
+        rows = _read_rows(path, prompt_key)
+        if eval_path is not None:
+            train, evals = rows, _read_rows(eval_path, prompt_key)
+        else:
+            order = random.Random(f"{seed}/split").sample(range(len(rows)), len(rows))
+            cut = len(rows) - max(1, round(eval_share * len(rows)))
+            if cut < 1:
+                raise ConfigError(f"env.path={path} holds {len(rows)} row(s): too few to keep an eval split; "
+                                  "give env.eval_path")
+            train, evals = [rows[i] for i in order[:cut]], [rows[i] for i in order[cut:]]
+        self.rows = {"train": train, "eval": evals}
+
+    def _row_at(self, index: int) -> dict[str, str]:
+        rows = self.rows[self.split]
+        epoch, i = divmod(index, len(rows))
+        if self.split == "eval":
+            return rows[i]  # the eval rows in their order, every time
+        return rows[random.Random(f"{self.seed}/train/{epoch}").sample(range(len(rows)), len(rows))[i]]
+
+
+def _read_rows(path: str, prompt_key: str) -> list[dict]:
+    """The file's rows, each with its prompt under ``prompt``; a ConfigError naming the file (and the
+    line) for a file that cannot be read, a row without the prompt column, or no rows at all."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise ConfigError(f"env.path={path}: no such file; give a .jsonl or .parquet file of rows with a "
+                          f"{prompt_key!r} column")
+    if file.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError:
+            raise ConfigError(f"env.path={path} is a Parquet file, which needs pyarrow: pip install pyarrow") from None
+        raw = pq.read_table(file).to_pylist()
+    elif file.suffix in (".jsonl", ".json"):
+        raw = []
+        for n, line in enumerate(file.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                raw.append(json.loads(line))
+            except ValueError as e:
+                raise ConfigError(f"env.path={path}, line {n}: not a JSON object ({e})") from None
+    else:
+        raise ConfigError(f"env.path={path}: rltrain reads .jsonl and .parquet files "
+                          f"(got {file.suffix or 'no suffix'})")
+    rows = []
+    for n, row in enumerate(raw, 1):
+        if not isinstance(row, dict) or not isinstance(row.get(prompt_key), str):
+            raise ConfigError(f"env.path={path}, row {n}: no {prompt_key!r} text (its keys: "
+                              f"{', '.join(row) if isinstance(row, dict) else type(row).__name__}); set "
+                              "env.prompt_key to the prompt's column")
+        rows.append({**{k: v for k, v in row.items() if k != prompt_key}, "prompt": row[prompt_key]})
+    if not rows:
+        raise ConfigError(f"env.path={path} holds no rows")
+    return rows
