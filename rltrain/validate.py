@@ -72,8 +72,9 @@ def validate(cfg: DictConfig) -> None:
         if key in resolved:
             rule.check(key, resolved[key])
     parts = _check_parts(cfg, RUNTIME_ARGS, WIRING_KEYS)
+    algo_rules = parameter_rules(parts["algo"][0])
     for key in ENV_TO_ALGO:  # env keys the algo receives: the algo's rule for them
-        rule = parameter_rules(parts["algo"][0]).get(key)
+        rule = algo_rules.get(key)
         if rule is not None and key in cfg.env:
             rule.check(f"env.{key}", resolved["env"][key])
     _check_device(cfg.get("device", "auto"))

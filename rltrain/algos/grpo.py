@@ -14,7 +14,7 @@ from typing import Annotated
 
 import torch
 
-from rltrain.algos.grpo_loss import AGGREGATIONS, Normalizer, aggregate, group_advantages, token_losses
+from rltrain.algos.grpo_loss import AGGREGATIONS, Normalizer, aggregate, group_advantages, kl_k3, token_losses
 from rltrain.llm.engine import Generated
 from rltrain.rules import Flag, NonNegativeNumber, OneOf, PositiveFraction, PositiveInt, PositiveNumber
 
@@ -83,8 +83,7 @@ class GRPO:
                     sums["clip_fraction"] += (clipped * mask[rows]).sum().item() / norm.tokens
                     sums["entropy"] += (entropy * mask[rows]).sum().item() / norm.tokens
                     if ref is not None:
-                        kl = torch.exp(ref[rows] - logp) - (ref[rows] - logp) - 1
-                        sums["kl"] += (kl * mask[rows]).sum().item() / norm.tokens
+                        sums["kl"] += (kl_k3(logp, ref[rows]) * mask[rows]).sum().item() / norm.tokens
             sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm))
             self.optimizer.step()
         self.policy.eval()

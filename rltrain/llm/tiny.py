@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import string
 import tempfile
 from pathlib import Path
@@ -91,8 +92,6 @@ def tiny_model_dir(name: str = "tiny-qwen2", arch: str = "qwen2", seed: int = 0)
     path = root / name
     if not (path / _MADE).exists():
         if path.exists():  # cut short by a crash: make it again
-            import shutil
-
             shutil.rmtree(path)
         try:
             write_tiny_model(path, arch, seed)
