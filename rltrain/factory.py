@@ -33,6 +33,8 @@ from rltrain.collectors.rank_server import RankServer, report_and_wait
 from rltrain.device import resolve_device
 from rltrain.envs import EnvSpec
 from rltrain.errors import CheckpointError, ConfigError, RunDirError
+from rltrain.llm.rewards import Rewards
+from rltrain.llm.tasks import Task, TaskSpec
 from rltrain.loggers import JsonlLogger
 from rltrain.protocols import Collector
 from rltrain.run_dir import RunDirLock, place
@@ -49,18 +51,21 @@ _SETUP = "setup"  # rank 0 -> collector ranks: the run dir, weights version and 
 # What build() wires, stated once (the config check reads these too). env keys that go to the algo
 # (the learner scales rewards, whichever process stepped the env):
 ENV_TO_ALGO = ("sign_reward", "normalize_reward", "clip_reward")
+# A language task's reward functions (env.rewards: name -> {_target_: function, ...its arguments}) and their
+# weights, which build() turns into one Rewards for the collector and the hooks:
+TASK_REWARDS = ("rewards", "reward_weights")
 # Keys of a node that build() consumes itself rather than passing to the node's _target_:
-WIRING_KEYS = {"algo": {"network"}, "env": set(ENV_TO_ALGO)}
+WIRING_KEYS = {"algo": {"network"}, "env": {*ENV_TO_ALGO, *TASK_REWARDS}}
 # The runtime objects build() passes to each group's constructors (by name, to those that ask for
 # them); a config must not set them. Every injection below goes through ``_runtime``, which holds it to this.
 RUNTIME_ARGS = {
     "env": ("seed",),
     "algo": ("policy", "total_frames", "device", *ENV_TO_ALGO),
     "algo.network": ("env_spec",),
-    "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender"),
+    "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender", "model", "rewards"),
     "logger": ("run_dir", "config", "resume"),
     "hooks": ("policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
-              "config", "hooks"),
+              "config", "hooks", "model", "rewards"),
     "trainer": ("collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock"),
 }
 
@@ -128,6 +133,9 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
     device = resolve_device(cfg.device)
 
     make_env, env_spec, make_policy = _env_and_policy(cfg)
+    # A language model's run: the model node and the task's rewards, for the collector and the hooks.
+    model = _construct(cfg.model) if is_language_task(cfg) else None
+    rewards = task_rewards(cfg) if model is not None else None
 
     with ExitStack() as cleanup:
         policy = make_policy().to(device)
@@ -148,7 +156,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
         collector = _instantiate_with(cfg.collector, **_runtime(
             "collector", make_env=make_env, make_policy=make_policy, make_receiver=scheme.receiver, env_spec=env_spec,
-            seed=cfg.seed + restore.frames, sender=sender))
+            seed=cfg.seed + restore.frames, sender=sender, model=model, rewards=rewards))
         cleanup.callback(collector.close)
         restore.collector(collector)
 
@@ -156,10 +164,11 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         hooks = {}  # the checkpoint hook saves each hook's state: filled as they are made
         runtime = _runtime("hooks", policy=policy, sender=sender, sync=scheme, loggers=loggers, device=device,
                            make_env=functools.partial(make_env, seed=cfg.seed + 1_000_000), env_spec=env_spec,
-                           run_dir=run_dir, algo=algo, collector=collector, config=resolved, hooks=hooks)
+                           run_dir=run_dir, algo=algo, collector=collector, config=resolved, hooks=hooks, model=model,
+                           rewards=rewards)
         hooks.update((name, _instantiate_with(node, **runtime)) for name, node in (cfg.get("hooks") or {}).items())
 
-        trainer_args = OmegaConf.to_container(cfg.trainer)  # the trainer's keys are its arguments
+        trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)  # the trainer's keys are its arguments
         if trainer_args.get("stop_at_return") == "auto":
             trainer_args["stop_at_return"] = env_spec.reward_threshold
         trainer = Trainer(**_runtime("trainer", collector=collector, algo=algo, hooks=hooks, loggers=loggers,
@@ -268,12 +277,38 @@ def _runtime(group: str, **objects) -> dict:
     return objects
 
 
-def _env_and_policy(cfg: DictConfig) -> tuple[functools.partial, EnvSpec, functools.partial]:
+def _env_and_policy(cfg: DictConfig) -> tuple[functools.partial, EnvSpec | TaskSpec, functools.partial]:
     """What makes the env and the policy (plain functools.partial factories of plain values: they pickle
-    into spawned worker processes), and the env's spec, read from one env made for it."""
+    into spawned worker processes), and the env's spec, read from one env made for it. A language
+    task's "env" is the task (one stream of prompts), and its policy the model of ``cfg.model``."""
     make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), **_runtime("env", seed=cfg.seed))
+    if is_language_task(cfg):
+        return make_env, make_env().spec, _construct(cfg.model).load
     env_spec = _probe_spec(make_env)
     return make_env, env_spec, _plain_partial(cfg.algo.network, **_runtime("algo.network", env_spec=env_spec))
+
+
+def is_language_task(cfg: DictConfig) -> bool:
+    """Whether ``cfg.env`` is a language task (``rltrain.llm.tasks.Task``): prompts for a language model."""
+    target = cfg.env.get("_target_") if isinstance(cfg.get("env"), DictConfig) else None
+    try:
+        cls = get_class(target) if isinstance(target, str) else None
+    except (ImportError, ValueError):  # a function (make_envs), or a target the config check names
+        return False
+    return isinstance(cls, type) and issubclass(cls, Task)
+
+
+def task_rewards(cfg: DictConfig) -> Rewards:
+    """The task's reward functions: each ``env.rewards`` node's function with its other keys bound
+    (the task class's own rewards when the config names none), weighted by ``env.reward_weights``."""
+    nodes = cfg.env.get("rewards")
+    if nodes is None:
+        functions = dict(get_class(cfg.env._target_).REWARDS)
+    else:
+        functions = {name: instantiate(node, _partial_=True, _convert_="all") if isinstance(node, DictConfig) else node
+                     for name, node in nodes.items()}
+    weights = OmegaConf.to_container(cfg.env.reward_weights) if cfg.env.get("reward_weights") else {}
+    return Rewards(functions, weights)
 
 
 def _plain_partial(node: DictConfig, **kwargs) -> functools.partial:
@@ -309,7 +344,8 @@ def _instantiate_with(node: DictConfig, **runtime):
 
 
 def _without(node: DictConfig, keys: set[str]) -> DictConfig:
-    return OmegaConf.masked_copy(node, [k for k in node if k not in keys])
+    """``node`` without ``keys``, its interpolations resolved (``${collector.max_new_tokens}`` points outside it)."""
+    return OmegaConf.create({k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in keys})
 
 
 def _seed_everything(seed: int) -> None:

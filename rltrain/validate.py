@@ -44,7 +44,7 @@ INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger}
 # The top level of rltrain's config: its own keys and its config groups (config.yaml). Anything
 # else there is a typo (``+trainer.total_frame=...`` adds a key nothing reads); ``hydra`` is Hydra's.
 TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "objective", "trainer", "algo", "env", "collector", "sync",
-                  "logger", "hooks", "hydra")
+                  "logger", "hooks", "model", "hydra")
 # The top-level values belong to no part (``device``: _check_device).
 TOP_LEVEL_RULES: dict[str, Rule] = {
     "seed": Integer(0),
@@ -53,14 +53,15 @@ TOP_LEVEL_RULES: dict[str, Rule] = {
     "resume": Satisfies(lambda v: v is None or (isinstance(v, str) and v != ""),
                         "null, auto, or the path of a run dir or checkpoint file"),
 }
+TOKENS = "tokens"  # the action space of an algo that learns language tasks (GRPO.ACTION_SPACES)
 # The parts with a _target_ (logger and hooks: one per name below them); None: may be left out.
-PARTS = {"env": "env", "algo": "algo", "algo.network": None, "collector": "collector", "sync": "sync"}
+PARTS = {"env": "env", "algo": "algo", "algo.network": None, "collector": "collector", "sync": "sync", "model": None}
 
 
 def validate(cfg: DictConfig) -> None:
     """Raise ConfigError for the first problem found in ``cfg``."""
     # What build() injects and consumes itself, as the factory states it (imported here: the factory imports this).
-    from rltrain.factory import ENV_TO_ALGO, RUNTIME_ARGS, WIRING_KEYS
+    from rltrain.factory import ENV_TO_ALGO, RUNTIME_ARGS, WIRING_KEYS, is_language_task
 
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -81,11 +82,15 @@ def validate(cfg: DictConfig) -> None:
     _check_compile(cfg)
     for name, node in (cfg.get("logger") or {}).items():
         _check_requires(f"logger.{name}", _import_target(f"logger.{name}", node._target_))
+    language = is_language_task(cfg)
+    if language:  # before the parts' combinations: those of an algo that cannot learn the task are beside the point
+        _check_task(cfg, parts)
     _check_cross(cfg, parts)
     for cls, values in parts.values():  # each part's own combinations of values (rltrain.rules)
         if callable(getattr(cls, "check_config", None)):
             cls.check_config(values, resolved)
-    _check_env(cfg)
+    if not language:
+        _check_env(cfg)
     if OmegaConf.select(cfg, "hooks.eval.video", default=False):
         _check_video(cfg)
 
@@ -248,7 +253,7 @@ def capability(cls: type, interface: type, name: str):
 def _label(group: str, cls: type) -> str:
     """``group=option`` for a class one of rltrain's config options builds, else ``group._target_=...``."""
     for path in sorted((CONFIGS / group).glob("*.yaml")):
-        target = re.search(r"^_target_:\s*(\S+)", path.read_text(), flags=re.M)
+        target = re.search(r"^\s*_target_:\s*(\S+)", path.read_text(), flags=re.M)  # the first: the option's own
         if target and _import_target(group, target.group(1)) is cls:
             return f"{group}={path.stem}"
     return f"{group}._target_={cls.__module__}.{cls.__qualname__}"
@@ -278,6 +283,9 @@ def _check_env(cfg: DictConfig) -> None:
     algo_cls = _import_target("algo", cfg.algo._target_)
     name = algo_cls.__name__
     supported = capability(algo_cls, Algo, "ACTION_SPACES")
+    if TOKENS in supported:
+        raise ConfigError(f"algo={name} trains a language model on a language task (env=reverse, arithmetic or "
+                          f"dataset), but env.id={env_id!r} is a gymnasium env; use algo=ppo or algo=sac with it")
     if spec.action.kind not in supported:
         raise ConfigError(
             f"algo={name} supports {', '.join(supported)} action spaces, but env.id={env_id!r} has a "
@@ -293,6 +301,69 @@ def _check_env(cfg: DictConfig) -> None:
         if cfg.env.get(key) and key not in inspect.signature(algo_cls).parameters:
             raise ConfigError(f"env.{key}=true, but algo={algo_cls.__name__} does not transform rewards (its "
                               f"constructor takes no {key}); use algo=ppo, or env.{key}=false")
+
+
+def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
+    """A language task: an algo, collector and model for it, reward functions that are functions, a
+    model that loads, and prompts that fit its context with room for the completion."""
+    from rltrain.collectors.generation import GenerationCollector
+    from rltrain.factory import task_rewards
+    from rltrain.llm.model import LanguageModel, require_transformers
+
+    env = cfg.env._target_.rsplit(".", 1)[-1]
+    algo = parts["algo"][0]
+    if TOKENS not in capability(algo, Algo, "ACTION_SPACES"):
+        raise ConfigError(f"env._target_={cfg.env._target_} is a language task (prompts for a language model), which "
+                          f"{_label('algo', algo)} cannot learn; use algo=grpo")
+    collector = parts["collector"][0]
+    if not (isinstance(collector, type) and issubclass(collector, GenerationCollector)):
+        raise ConfigError(f"the language task {env} needs a collector that generates text; use collector=generation "
+                          f"(not {_label('collector', collector)})")
+    if "model" not in parts:
+        raise ConfigError(f"the language task {env} needs a language model, and the config has none; choose one with "
+                          "model=tiny (then model.path=DIR or a hub id)")
+    require_transformers("algo=grpo")
+    model = LanguageModel(**parts["model"][1])
+    model.check()
+    for name, node in (cfg.env.get("rewards") or {}).items():
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            raise ConfigError(f"env.rewards.{name} must be a mapping with a _target_ (a function (prompt, completion, "
+                              f"**row) -> float), got {node!r}")
+        if not callable(_import_target(f"env.rewards.{name}", node._target_)):
+            raise ConfigError(f"env.rewards.{name}._target_={node._target_} is not callable; give a function "
+                              "(prompt, completion, **row) -> float")
+    task_rewards(cfg)  # the weights name rewards that exist
+    task = _make_task(cfg)
+    _check_prompt_lengths(model, task, parts["collector"][1].get("max_new_tokens", 16))
+
+
+def _make_task(cfg: DictConfig):
+    """The task ``cfg.env`` describes (reading a dataset's file: a ConfigError names what is wrong in it)."""
+    from rltrain.factory import WIRING_KEYS, _plain_partial, _without
+
+    return _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), seed=cfg.get("seed", 0))()
+
+
+def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:
+    """Every prompt the task stands by (``prompts_to_check``), as the model reads it, plus the longest
+    completion, within the model's context."""
+    from transformers import AutoConfig
+
+    source = model.source()
+    if not Path(source).is_dir():
+        return  # a hub id: its tokenizer is not here until transformers downloads the model
+    tokenizer = model.tokenizer()
+    context = getattr(AutoConfig.from_pretrained(source), "max_position_embeddings", None)
+    if not context:
+        return
+    texts = [model.prompt_text(tokenizer, p) for p in task.prompts_to_check()]
+    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    longest = max(range(len(texts)), key=lengths.__getitem__)
+    if lengths[longest] + max_new_tokens > context:
+        raise ConfigError(f"a prompt of {lengths[longest]} tokens plus collector.max_new_tokens={max_new_tokens} "
+                          f"exceeds the context of model.path={model.path} ({context} tokens): "
+                          f"{task.prompts_to_check()[longest][:80]!r}...; shorten the prompts or lower "
+                          "collector.max_new_tokens")
 
 
 def _env_arguments(cfg: DictConfig) -> tuple[dict, list]:

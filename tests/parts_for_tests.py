@@ -47,3 +47,8 @@ class TaggingHook(Hook):
     def __init__(self, every=EVERY_UPDATE, level: Annotated[str, OneOf(("info", "debug"))] = "info"):
         super().__init__(every)
         self.level = level
+
+
+def reward_that_raises(prompt: str, completion: str, **row) -> float:
+    """A user's reward function with a bug (a language task's env.rewards.<name>._target_)."""
+    raise KeyError("score")

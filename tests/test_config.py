@@ -9,9 +9,13 @@ import pytest
 
 from rltrain import build
 from rltrain.errors import ConfigError
-from tests.conftest import CONFIGS, make_config, run_cli
+from tests.conftest import CONFIGS, ROOT, make_config, run_cli
 
-GROUPS = ["algo", "env", "collector", "sync", "logger", "hooks"]
+DATA = ROOT / "tests" / "data"
+
+GROUPS = ["algo", "env", "collector", "sync", "logger", "hooks", "model"]
+# The language-model options (a task, its collector, hooks and model) go with algo=grpo.
+LANGUAGE = ["algo=grpo"]
 
 
 def all_choices():
@@ -25,7 +29,11 @@ def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
     # time-limited games (over 200 s); a few hundred steps show the eval path works.
     extra = {("sync", "pipe"): ["collector=lockstep"], ("sync", "distributed"): ["collector=lockstep"],
              ("algo", "sac"): ["env=pendulum"], ("env", "atari"): ["+hooks.eval.max_steps=300"],
-             ("env", "atari_loop"): ["+hooks.eval.max_steps=300"]}.get((group, choice), [])
+             ("env", "atari_loop"): ["+hooks.eval.max_steps=300"], ("env", "arithmetic"): LANGUAGE,
+             ("env", "reverse"): LANGUAGE, ("collector", "generation"): LANGUAGE, ("hooks", "llm"): LANGUAGE,
+             ("model", "tiny"): LANGUAGE,
+             ("env", "dataset"): [*LANGUAGE, f"env.path={DATA / 'sums.jsonl'}", "env.prompt_key=question"],
+             }.get((group, choice), [])
     cfg = make_config(f"{group}={choice}", "trainer.total_frames=512", *extra)
     if (group, choice) == ("collector", "distributed"):  # its collectors are other ranks: tests/test_distributed.py
         with pytest.raises(ConfigError, match="launch with torchrun --nproc-per-node=3"):
@@ -156,7 +164,7 @@ def test_full_error_env_var_shows_the_traceback(tmp_path):
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ["algo: ppo, sac", "collector: async, distributed, local, lockstep",
+    for line in ["algo: grpo, ppo, sac", "collector: async, distributed, generation, local, lockstep", "model: tiny",
                  "sync: distributed, none, pipe, shared_mem",
                  "logger: console, csv, tensorboard, wandb"]:
         assert line in result.stdout

@@ -1,43 +1,77 @@
-"""GRPO on the tiny model made here: a model with random weights learns a verifiable task (the digit
-of ``reverse 7:``, one token: chance is about 1 in 90)."""
+"""GRPO through the trainer, as ``python -m rltrain algo=grpo`` runs it: the tiny model made here learns a
+verifiable task from random weights; pushed weights reach the engine whole; a truncated completion is
+masked or kept as the user chose."""
 
 from __future__ import annotations
 
-import pytest
+import json
+
 import torch
 
-from rltrain.algos.grpo import GRPO, GroupBatch
+from rltrain import build
+from rltrain.algos.grpo import GRPO
+from rltrain.collectors.generation import score
 from rltrain.llm.engine import Sampling, TransformersEngine
+from rltrain.llm.model import LanguageModel
 from rltrain.llm.rewards import Rewards, correct_answer
 from rltrain.llm.tasks import ReverseDigits
 from rltrain.llm.tiny import write_tiny_model
+from rltrain.sync import SharedMemSync
+from tests.conftest import make_config
+from tests.test_outputs import read_jsonl
+
+# The single-token task (reverse 7: -> 7): chance is about 1 in 90 (any token of the vocabulary).
+ONE_TOKEN = ("algo=grpo", "collector.max_new_tokens=1", "trainer.total_frames=19200", "seed=0",
+             "~hooks.log.every", "+hooks.log.every={batches:10}", "hooks.eval.every={frames:6400}")
 
 
-def accuracy(engine, task, rewards, n=64) -> float:
-    rows = task.take(n)
-    g = engine.generate([r["prompt"] for r in rows], 1, Sampling(max_new_tokens=1, greedy=True))
-    return sum(rewards(r["prompt"], text, r)[0] for r, text in zip(rows, g.texts)) / n
+def test_the_tiny_model_learns_a_single_token_task_from_chance_to_near_perfect(tmp_path):
+    summary = build(make_config(*ONE_TOKEN), run_dir=tmp_path / "run").fit()
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    first, last = rows[0], rows[-1]
+    assert summary["status"] == "completed" and summary["frames"] == 19200 and summary["updates"] == 150
+    assert first["reward/mean"] < 0.2, first  # chance, from random weights
+    assert last["reward/mean"] > 0.8 and summary["train_return"] > 0.8, last  # the last batches (sampled)
+    assert summary["eval_return"] > 0.9 and last["eval/reward/correct"] > 0.9  # greedy, on the eval split
+    assert summary["evaluations"] == 3  # at 6400 and 12800 frames, and once at the end (19200)
+    model = tmp_path / "run" / "model"
+    assert json.loads((model / "config.json").read_text())["model_type"] == "qwen2"
 
 
-@pytest.mark.slow
-def test_grpo_teaches_a_random_tiny_model_to_copy_a_digit(tmp_path):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a small model: one thread is fastest, and the same on every machine
-    try:
-        torch.manual_seed(0)
-        engine = TransformersEngine.load(write_tiny_model(tmp_path / "tiny", seed=0))
-        task, rewards = ReverseDigits(length=1, seed=0), Rewards({"correct": correct_answer})
-        before = accuracy(engine, task.eval_split(), rewards)
-        algo = GRPO(engine.model, lr=3e-3, micro_batch_size=64, max_new_tokens=1)
-        means = []
-        for step in range(150):  # 16 prompts x 8 completions of one token a step
-            rows = task.take(16)
-            g = engine.generate([r["prompt"] for r in rows], 8, Sampling(max_new_tokens=1), seed=step)
-            scores = torch.tensor([rewards(rows[i // 8]["prompt"], text, rows[i // 8])[0]
-                                   for i, text in enumerate(g.texts)])
-            means.append(algo.update(GroupBatch(g, scores, 8))["reward/mean"])
-        after = accuracy(engine, task.eval_split(), rewards)
-    finally:
-        torch.set_num_threads(threads)
-    assert before < 0.2 and sum(means[:10]) / 10 < 0.2
-    assert sum(means[-20:]) / 20 > 0.8 and after > 0.9, (means[-20:], after)
+def test_pushed_weights_reach_the_engine_with_its_tied_output_layer(tmp_path):
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
+    learner, engine = model.load(), TransformersEngine(model.load(), model.tokenizer())
+    scheme = SharedMemSync()
+    sender = scheme.sender(learner)
+    receiver = scheme.receiver()
+    receiver.connect(engine.model)
+    with torch.no_grad():  # new weights: the embedding (which the output layer shares) too
+        for p in learner.parameters():
+            p.add_(torch.randn_like(p))
+    sender.push()
+    assert receiver.poll()
+    head, embedding = engine.model.lm_head.weight, engine.model.model.embed_tokens.weight
+    assert head is embedding and torch.equal(head, learner.model.embed_tokens.weight)
+    prompts, greedy = ["reverse 4:", "3+5=", "sort 93:"], Sampling(max_new_tokens=6, greedy=True)
+    ours = TransformersEngine(learner, model.tokenizer()).generate(prompts, 1, greedy)
+    assert engine.generate(prompts, 1, greedy).completion_ids.equal(ours.completion_ids)
+    receiver.close()
+    sender.close()
+
+
+def test_truncated_completions_are_masked_or_kept_as_chosen(tmp_path):
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
+    engine = TransformersEngine(model.load(), model.tokenizer())
+    rows = ReverseDigits(length=1).take(4)
+    generated = engine.generate([r["prompt"] for r in rows], 4, Sampling(max_new_tokens=3), seed=0)
+    assert generated.truncated.all()  # random weights: nothing ends within 3 tokens
+    batch = score(generated, rows, 4, Rewards({"correct": correct_answer}))
+    batch["reward"] = torch.arange(16.0).view(4, 4)  # spread in every group: every advantage is non-zero
+
+    def changed(mask_truncated: bool) -> bool:
+        policy = model.load()
+        before = [p.clone() for p in policy.parameters()]
+        GRPO(policy, total_frames=16, max_new_tokens=3, lr=1e-2, mask_truncated=mask_truncated).update(batch)
+        return any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
+
+    assert changed(mask_truncated=False) and not changed(mask_truncated=True)

@@ -8,93 +8,183 @@ The arithmetic is in ``grpo_loss``.
 from __future__ import annotations
 
 import copy
+import math
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Annotated
 
 import torch
+from tensordict import TensorDict
 
 from rltrain.algos.grpo_loss import AGGREGATIONS, Normalizer, aggregate, group_advantages, kl_k3, token_losses
-from rltrain.llm.engine import Generated
-from rltrain.rules import Flag, NonNegativeNumber, OneOf, PositiveFraction, PositiveInt, PositiveNumber
+from rltrain.errors import ConfigError
+from rltrain.rules import (
+    Flag,
+    Fraction,
+    NonNegativeNumber,
+    OneOf,
+    PositiveFraction,
+    PositiveInt,
+    PositiveNumber,
+)
+
+SCHEDULES = ("constant", "linear", "cosine")
 
 
-@dataclass
-class GroupBatch:
-    """What the learner trains on: the completions, their rewards ``[B]`` and the size of each group."""
-
-    generated: Generated
-    rewards: torch.Tensor
-    group_size: int
-
-
-def token_logprobs(model, g: Generated, rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each completion token's log-prob under ``model`` (rows ``rows`` of ``g``), and the entropy of the
-    distribution it was drawn from, from one forward pass over prompt + completion."""
-    ids = torch.cat([g.prompt_ids[rows], g.completion_ids[rows]], dim=1)
-    mask = torch.cat([g.prompt_mask[rows], g.completion_mask[rows]], dim=1)
+def token_logprobs(model, batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each completion token's log-prob under ``model`` (the rows of ``batch``, flat), and the entropy
+    of the distribution it was drawn from, from one forward pass over prompt + completion."""
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
     positions = (mask.cumsum(-1) - 1).clamp_min(0)
     logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits
-    logits = logits[:, g.prompt_ids.shape[1] - 1:-1].float()
+    logits = logits[:, batch["prompt_ids"].shape[1] - 1:-1].float()
     logp_all = torch.log_softmax(logits, dim=-1)
-    logp = logp_all.gather(-1, g.completion_ids[rows].unsqueeze(-1)).squeeze(-1)
+    logp = logp_all.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
 
 class GRPO:
     """The learner of a language-model policy: ``update(batch)`` trains ``policy`` (a transformers
-    causal LM) on one ``GroupBatch`` and returns its metrics."""
+    causal LM) on one ``[prompts, group_size]`` batch (``collector=generation``'s) and returns its metrics."""
 
-    def __init__(self, policy, lr: PositiveNumber = 1e-5, epochs: PositiveInt = 1, micro_batch_size: PositiveInt = 8,
-                 clip_low: PositiveFraction = 0.2, clip_high: PositiveNumber = 0.28,
-                 loss_aggregation: Annotated[str, OneOf(AGGREGATIONS)] = "token_mean", scale_rewards: Flag = True,
-                 kl_coef: NonNegativeNumber = 0.0, max_grad_norm: PositiveNumber = 1.0,
-                 max_new_tokens: PositiveInt = 16):
-        self.policy = policy
+    ACTION_SPACES = ("tokens",)
+    OBSERVATIONS = ("text",)
+    NEEDS_PUSHES = ("GRPO's ratios compare the learner with the weights that sampled; without pushes the engine "
+                    "keeps its first weights and the ratios drift until every token is clipped")
+
+    @classmethod
+    def check_config(cls, values: dict, config: dict) -> None:
+        """A group of one completion has no spread to divide by (rltrain.rules: the config check asks this)."""
+        group = (config.get("collector") or {}).get("group_size")
+        if group == 1 and values["scale_rewards"]:
+            raise ConfigError("collector.group_size=1 with algo.scale_rewards=true: a group of one completion has no "
+                              "std to divide its advantage by (and no spread to learn from); use "
+                              "collector.group_size=2 or more")
+
+    def __init__(
+        self,
+        policy,
+        total_frames: int,
+        max_new_tokens: PositiveInt,  # the collector's (Dr. GRPO's constant); set from collector.max_new_tokens
+        device: torch.device | str = "cpu",
+        lr: PositiveNumber = 3e-3,  # AdamW learning rate (the peak of the schedule)
+        lr_schedule: Annotated[str, OneOf(SCHEDULES)] = "constant",  # constant | linear | cosine (to 0 at the end)
+        warmup: Fraction = 0.0,  # share of trainer.total_frames over which the lr rises linearly from 0
+        weight_decay: NonNegativeNumber = 0.0,  # AdamW weight decay
+        epochs: PositiveInt = 1,  # passes over each batch (one optimizer step each)
+        micro_batch_size: PositiveInt = 64,  # completions per forward/backward pass (gradients accumulate)
+        clip_low: PositiveFraction = 0.2,  # the ratio is clipped below at 1 - clip_low
+        clip_high: PositiveNumber = 0.28,  # and above at 1 + clip_high (DAPO's clip-higher: > clip_low)
+        # token_mean (DAPO's) | sequence_mean (the original GRPO's) | constant (Dr. GRPO's: / batch x max_new_tokens)
+        loss_aggregation: Annotated[str, OneOf(AGGREGATIONS)] = "token_mean",  # token_mean | sequence_mean | constant
+        scale_rewards: Flag = True,  # divide each group's centred rewards by its std (Dr. GRPO: false)
+        mask_truncated: Flag = False,  # completions cut at max_new_tokens teach nothing (DAPO's overlong filter)
+        kl_coef: NonNegativeNumber = 0.0,  # weight of the k3 KL to a frozen copy of the initial model; 0 keeps none
+        max_grad_norm: PositiveNumber = 1.0,  # global gradient-norm clip
+    ):
+        self.policy, self.device, self.total_frames = policy, torch.device(device), total_frames
+        self.lr, self.lr_schedule, self.warmup = lr, lr_schedule, warmup
         self.epochs, self.micro_batch_size = epochs, micro_batch_size
         self.clip_low, self.clip_high, self.aggregation = clip_low, clip_high, loss_aggregation
-        self.scale_rewards, self.kl_coef, self.max_grad_norm = scale_rewards, kl_coef, max_grad_norm
-        self.max_new_tokens = max_new_tokens
+        self.scale_rewards, self.mask_truncated = scale_rewards, mask_truncated
+        self.kl_coef, self.max_grad_norm, self.max_new_tokens = kl_coef, max_grad_norm, max_new_tokens
         self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if kl_coef else None
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=0.0)
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=weight_decay)
+        self.frames = 0  # completions trained on: the schedule's position
 
-    def update(self, batch: GroupBatch, should_stop: Callable[[], bool] = lambda: False) -> dict[str, float]:
-        g = batch.generated
-        advantages, flat = group_advantages(batch.rewards.float(), batch.group_size, scale=self.scale_rewards)
-        norm = Normalizer.of(g.completion_mask, self.max_new_tokens)
-        mask = g.completion_mask.float()
-        ref = self._reference_logprobs(g) if self.reference is not None else None
+    def update(self, batch: TensorDict, should_stop: Callable[[], bool] = lambda: False) -> dict[str, float]:
+        """One update on ``batch``; a stop request waits for its end (an update is a few optimizer steps)."""
+        group_size = batch.shape[1]
+        started = time.perf_counter()
+        self._set_lr()
+        self.frames += batch.numel()
+        flat = batch.reshape(-1).to(self.device)
+        rewards = flat["reward"]
+        advantages, flat_groups = group_advantages(rewards, group_size, scale=self.scale_rewards)
+        mask = flat["completion_mask"].float()
+        if self.mask_truncated:
+            mask = mask * (~flat["truncated"]).float().unsqueeze(1)
+        norm = Normalizer.of(mask, self.max_new_tokens)
+        ref = self._reference_logprobs(flat) if self.reference is not None else None
         self.policy.train()
-        sums = {"loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0}
+        sums = {"loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio_max": 0.0}
         for _ in range(self.epochs):
             self.optimizer.zero_grad(set_to_none=True)
-            for start in range(0, mask.shape[0], self.micro_batch_size):
+            for start in range(0, flat.shape[0], self.micro_batch_size):
                 rows = slice(start, start + self.micro_batch_size)
-                logp, entropy = token_logprobs(self.policy, g, rows)
-                losses = token_losses(logp, g.logprobs[rows], advantages[rows], self.clip_low, self.clip_high,
+                part, kept = flat[rows], mask[rows]
+                logp, entropy = token_logprobs(self.policy, part)
+                losses = token_losses(logp, part["log_prob"], advantages[rows], self.clip_low, self.clip_high,
                                       None if ref is None else ref[rows], self.kl_coef)
-                loss = aggregate(losses, mask[rows], self.aggregation, norm)
+                loss = aggregate(losses, kept, self.aggregation, norm)
                 loss.backward()
                 with torch.no_grad():
-                    ratio = torch.exp(logp - g.logprobs[rows])
+                    ratio = torch.exp(logp - part["log_prob"])
                     clipped = ((ratio < 1 - self.clip_low) | (ratio > 1 + self.clip_high)).float()
                     sums["loss"] += loss.item()
-                    sums["clip_fraction"] += (clipped * mask[rows]).sum().item() / norm.tokens
-                    sums["entropy"] += (entropy * mask[rows]).sum().item() / norm.tokens
+                    sums["clip_fraction"] += (clipped * kept).sum().item() / norm.tokens
+                    sums["entropy"] += (entropy * kept).sum().item() / norm.tokens
+                    sums["ratio_max"] = max(sums["ratio_max"], (ratio * kept).max().item())
                     if ref is not None:
-                        sums["kl"] += (kl_k3(logp, ref[rows]) * mask[rows]).sum().item() / norm.tokens
+                        sums["kl"] += (kl_k3(logp, ref[rows]) * kept).sum().item() / norm.tokens
             sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm))
             self.optimizer.step()
         self.policy.eval()
-        metrics = {f"grpo/{k}": v / self.epochs for k, v in sums.items() if k != "kl" or ref is not None}
-        metrics.update({"reward/mean": batch.rewards.float().mean().item(),
-                        "reward/std": batch.rewards.float().std().item() if len(batch.rewards) > 1 else 0.0,
-                        "grpo/flat_groups": float(flat)})
+        seconds = time.perf_counter() - started
+        metrics = {f"grpo/{k}": v / (1 if k == "ratio_max" else self.epochs) for k, v in sums.items()
+                   if k != "kl" or ref is not None}
+        metrics.update(batch_metrics(batch))
+        metrics.update({"grpo/flat_groups": float(flat_groups), "grpo/lr": self.optimizer.param_groups[0]["lr"],
+                        "perf/trained_tokens_per_s": self.epochs * float(flat["completion_mask"].sum()) / seconds})
         return metrics
 
+    def _set_lr(self) -> None:
+        """The lr at this point of the run: a linear warmup over ``warmup`` of the frames, then
+        ``lr_schedule`` down to 0 at ``total_frames``."""
+        done = min(self.frames / self.total_frames, 1.0)
+        if self.warmup and done < self.warmup:
+            factor = done / self.warmup
+        else:
+            rest = (done - self.warmup) / (1 - self.warmup) if self.warmup < 1 else 1.0
+            factor = {"constant": 1.0, "linear": 1.0 - rest, "cosine": 0.5 * (1 + math.cos(math.pi * rest))}[
+                self.lr_schedule]
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.lr * factor
+
     @torch.no_grad()
-    def _reference_logprobs(self, g: Generated) -> torch.Tensor:
-        parts = [token_logprobs(self.reference, g, slice(s, s + self.micro_batch_size))[0]
-                 for s in range(0, g.completion_ids.shape[0], self.micro_batch_size)]
+    def _reference_logprobs(self, flat: TensorDict) -> torch.Tensor:
+        parts = [token_logprobs(self.reference, flat[s:s + self.micro_batch_size])[0]
+                 for s in range(0, flat.shape[0], self.micro_batch_size)]
         return torch.cat(parts)
+
+    def state_dict(self, replay_buffer: bool = True) -> dict:
+        """The weights, the optimizer, the schedule's position and the frozen reference (if any)."""
+        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "frames": self.frames,
+                "reference": self.reference.state_dict() if self.reference is not None else None}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.frames = state["frames"]
+        if self.reference is not None and state["reference"] is not None:
+            self.reference.load_state_dict(state["reference"])
+
+
+def batch_metrics(batch: TensorDict) -> dict[str, float]:
+    """What a batch of completions says: each reward's mean and std (the total's, and each
+    function's), completion length, the share cut at max_new_tokens, tokens generated per second."""
+    metrics = {}
+    named = {"reward": batch["reward"], **{f"reward/{k}": v for k, v in batch["rewards"].items()}}
+    for name, values in named.items():
+        values = values.float().reshape(-1)
+        metrics[f"{name}/mean"] = values.mean().item()
+        metrics[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
+    tokens = float(batch["completion_mask"].sum())
+    metrics["completion/length"] = tokens / batch.numel()
+    metrics["completion/truncated"] = batch["truncated"].float().mean().item()
+    generate_s = float(batch["generate_s"].sum())
+    if generate_s > 0:
+        metrics["perf/generated_tokens_per_s"] = tokens / generate_s
+    return metrics

@@ -17,15 +17,16 @@ if TYPE_CHECKING:
     from rltrain.collectors.async_ranks import AsyncRankCollector
     from rltrain.collectors.asynchronous import AsyncCollector
     from rltrain.collectors.distributed import DistributedCollector
+    from rltrain.collectors.generation import GenerationCollector
     from rltrain.collectors.local import LocalCollector
     from rltrain.collectors.lockstep import LockstepCollector
     from rltrain.collectors.lockstep_ranks import LockstepRankCollector
 
 _MODULES = {"LocalCollector": "local", "LockstepCollector": "lockstep", "AsyncCollector": "asynchronous",
             "DistributedCollector": "distributed", "LockstepRankCollector": "lockstep_ranks",
-            "AsyncRankCollector": "async_ranks"}
-__all__ = ["AsyncCollector", "AsyncRankCollector", "DistributedCollector", "LocalCollector", "LockstepCollector",
-           "LockstepRankCollector"]
+            "AsyncRankCollector": "async_ranks", "GenerationCollector": "generation"}
+__all__ = ["AsyncCollector", "AsyncRankCollector", "DistributedCollector", "GenerationCollector", "LocalCollector",
+           "LockstepCollector", "LockstepRankCollector"]
 
 
 def __getattr__(name: str):

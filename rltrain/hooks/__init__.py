@@ -3,10 +3,12 @@
 from rltrain.hooks.base import Hook, Schedule
 from rltrain.hooks.checkpoint import CheckpointHook
 from rltrain.hooks.eval import EvalHook
+from rltrain.hooks.generation_eval import GenerationEvalHook
 from rltrain.hooks.log import LogHook
 from rltrain.hooks.progress import ProgressHook
+from rltrain.hooks.save_pretrained import SavePretrainedHook
 from rltrain.hooks.timing import TimingHook
 from rltrain.hooks.weight_push import WeightPushHook
 
-__all__ = ["CheckpointHook", "EvalHook", "Hook", "LogHook", "ProgressHook", "Schedule", "TimingHook",
-           "WeightPushHook"]
+__all__ = ["CheckpointHook", "EvalHook", "GenerationEvalHook", "Hook", "LogHook", "ProgressHook",
+           "SavePretrainedHook", "Schedule", "TimingHook", "WeightPushHook"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from tensordict import TensorDict
 
 from rltrain.rules import Flag, PositiveFraction, PositiveInt, PositiveNumber
 
@@ -47,6 +48,27 @@ class Generated:
     truncated: torch.Tensor
     texts: list[str]
     version: int
+
+    def as_batch(self, group_size: int, reward: torch.Tensor, rewards: dict[str, torch.Tensor] | None = None,
+                 generate_s: float = 0.0) -> TensorDict:
+        """The learner's ``[prompts, group_size]`` TensorDict: the token tensors above (``log_prob``:
+        the sampling log-probs), ``reward`` (the weighted total) and ``("rewards", name)`` (each
+        function's), and what the trainer counts of every batch: each completion is one frame and one
+        episode (``done``; ``episode_return``, its reward; ``episode_length``, its tokens),
+        ``policy_version``, ``nonfinite`` (never: rewards are checked as they are computed), and
+        ``generate_s``, each completion's share of the seconds the batch took to generate."""
+        rows = len(self.texts)
+        shape = (rows // group_size, group_size)
+        lengths = self.completion_mask.sum(dim=1)
+        data = {
+            "prompt_ids": self.prompt_ids, "prompt_mask": self.prompt_mask, "completion_ids": self.completion_ids,
+            "completion_mask": self.completion_mask, "log_prob": self.logprobs, "truncated": self.truncated,
+            "reward": reward.float(), "rewards": {k: v.float() for k, v in (rewards or {}).items()},
+            "done": torch.ones(rows, dtype=torch.bool), "episode_return": reward.float(), "episode_length": lengths,
+            "policy_version": torch.full((rows,), self.version, dtype=torch.int64),
+            "nonfinite": torch.zeros(rows, dtype=torch.bool), "generate_s": torch.full((rows,), generate_s / rows),
+        }
+        return TensorDict(data, batch_size=[rows]).reshape(*shape)
 
 
 class Engine(ABC):
@@ -83,14 +105,10 @@ class TransformersEngine(Engine):
         tok.padding_side = "left"
         batch = tok([p for p in prompts for _ in range(group_size)], return_tensors="pt", padding=True,
                     add_special_tokens=False).to(model.device)
-        if seed is not None:
-            torch.manual_seed(seed)
-        drawn = {"do_sample": False} if sampling.greedy else {
-            "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
-        out = model.generate(**batch, **drawn, max_new_tokens=sampling.max_new_tokens, pad_token_id=tok.pad_token_id,
-                             eos_token_id=tok.eos_token_id, stop_strings=list(sampling.stop) or None,
-                             tokenizer=tok if sampling.stop else None, output_scores=True,
-                             return_dict_in_generate=True)
+        with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []):
+            if seed is not None:  # this draw's own seed; the caller's random state stays as it was
+                torch.manual_seed(seed)
+            out = self._generate(batch, sampling)
         ids = out.sequences[:, batch.input_ids.shape[1]:]
         scores = torch.stack(out.scores, dim=1).float()  # [B, T, V]: the processed logits each token was drawn from
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
@@ -102,6 +120,16 @@ class TransformersEngine(Engine):
         return Generated(batch.input_ids, batch.attention_mask, ids.masked_fill(mask == 0, tok.pad_token_id), mask,
                          logprobs.masked_fill(mask == 0, 0.0),
                          torch.tensor([cut for _, cut in lengths], device=ids.device), texts, self.version)
+
+    def _generate(self, batch, sampling: Sampling):
+        """transformers' generation (KV cache) with the scores each token was drawn from."""
+        tok = self.tokenizer
+        drawn = {"do_sample": False} if sampling.greedy else {
+            "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
+        return self.model.generate(**batch, **drawn, max_new_tokens=sampling.max_new_tokens,
+                                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                   stop_strings=list(sampling.stop) or None, tokenizer=tok if sampling.stop else None,
+                                   output_scores=True, return_dict_in_generate=True)
 
     def _length(self, row: list[int], stop: tuple[str, ...]) -> tuple[int, bool]:
         """How many tokens of ``row`` the completion holds, and whether ``max_new_tokens`` cut it."""

@@ -15,11 +15,13 @@ from __future__ import annotations
 import copy
 import json
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 from rltrain.errors import ConfigError
+from rltrain.llm.rewards import correct_answer
 from rltrain.rules import Flag, Integer, OneOf, PositiveInt, Satisfies
 
 SPLITS = ("train", "eval")
@@ -30,9 +32,21 @@ OPS = Satisfies(lambda v: isinstance(v, str) and v != "" and all(op in OPERATORS
                 f"one or more of {OPERATORS!r}")
 
 
+@dataclass(frozen=True)
+class TaskSpec:
+    """What the trainer and the log line need of a task: its name, and the mean reward that counts
+    as solved (``trainer.stop_at_return=auto``; None: never stop early)."""
+
+    id: str
+    reward_threshold: float | None = None
+
+
 class Task:
     """A stream of rows from ``row(rng)``, row ``i`` of ``split`` drawn from its own seed (so the
-    stream can restart at any position). Subclasses implement ``row``."""
+    stream can restart at any position). Subclasses implement ``row``. ``REWARDS``: the reward
+    functions a run uses when ``env.rewards`` names none."""
+
+    REWARDS: dict[str, Callable[..., float]] = {"correct": correct_answer}
 
     def __init__(self, seed: int = 0, split: Annotated[str, SPLIT] = "train"):
         SPLIT.check("env.split", split)
@@ -41,11 +55,23 @@ class Task:
     def row(self, rng: random.Random) -> dict[str, str]:
         raise NotImplementedError
 
+    @property
+    def spec(self) -> TaskSpec:
+        return TaskSpec(type(self).__name__)
+
+    def prompts_to_check(self) -> list[str]:
+        """Prompts that stand for every prompt of the task (the config check measures them against
+        the model's context): the first rows of each split; a dataset's every row."""
+        return [row["prompt"] for split in SPLITS for row in self._twin(split).take(256)]
+
+    def _twin(self, split: str) -> Task:
+        twin = copy.copy(self)
+        twin.split, twin.position = split, 0
+        return twin
+
     def eval_split(self) -> Task:
         """The same task's eval rows (the same settings, seeds the train rows never use)."""
-        twin = copy.copy(self)
-        twin.split, twin.position = "eval", 0
-        return twin
+        return self._twin("eval")
 
     def take(self, n: int) -> list[dict[str, str]]:
         """The next ``n`` rows; the position moves past them."""
@@ -86,7 +112,7 @@ class Arithmetic(Task):
 class ReverseDigits(Task):
     """``reverse 4821:`` -> ``1284`` (or, with ``sort``, ``sort 4821:`` -> ``1248``)."""
 
-    def __init__(self, length: PositiveInt = 3, sort: Flag = False, seed: int = 0, split: str = "train"):
+    def __init__(self, length: PositiveInt = 1, sort: Flag = False, seed: int = 0, split: str = "train"):
         super().__init__(seed, split)
         AT_LEAST_ONE.check("env.length", length)
         self.length, self.sort = length, sort
@@ -118,6 +144,9 @@ class Dataset(Task):
                                   "give env.eval_path")
             train, evals = [rows[i] for i in order[:cut]], [rows[i] for i in order[cut:]]
         self.rows = {"train": train, "eval": evals}
+
+    def prompts_to_check(self) -> list[str]:
+        return [row["prompt"] for rows in self.rows.values() for row in rows]
 
     def _row_at(self, index: int) -> dict[str, str]:
         rows = self.rows[self.split]

@@ -286,11 +286,20 @@ def _all_cores(nbytes: int):
 
 
 def bind_weights(policy: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
-    """Make ``tensors`` the policy's parameters and buffers without copying (an inference-only policy)."""
+    """Make ``tensors`` the policy's parameters and buffers without copying (an inference-only policy).
+    A parameter shared by several modules (a language model's output layer tied to its embedding:
+    ``named_weights`` names it once) is rebound in every module that holds it."""
+    holders: dict[int, list[tuple[nn.Module, str]]] = {}
+    for module in policy.modules():
+        for attr, param in module._parameters.items():
+            if param is not None:
+                holders.setdefault(id(param), []).append((module, attr))
     for name, tensor in tensors.items():
         module_name, _, attr = name.rpartition(".")
         module = policy.get_submodule(module_name)
         if attr in module._parameters:
-            module._parameters[attr] = nn.Parameter(tensor, requires_grad=False)
+            param = nn.Parameter(tensor, requires_grad=False)
+            for holder, held_as in holders.get(id(module._parameters[attr]), [(module, attr)]):
+                holder._parameters[held_as] = param
         else:
             module._buffers[attr] = tensor

@@ -1,0 +1,83 @@
+"""Evaluates a language-model policy: greedy completions of the task's eval prompts, scored by the
+run's reward functions, with the learner's current weights."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from rltrain.collectors.generation import score
+from rltrain.hooks.base import Every, Hook
+from rltrain.hooks.eval import _raise_if_stopping
+from rltrain.llm.engine import Sampling, TransformersEngine
+from rltrain.llm.model import LanguageModel
+from rltrain.llm.rewards import Rewards
+from rltrain.llm.tasks import Task
+from rltrain.rules import Flag, PositiveInt
+from rltrain.state import TrainState
+
+
+class GenerationEvalHook(Hook):
+    """Completes ``prompts`` eval prompts greedily (the most likely token each step), ``batch_size`` at a
+    time, on its schedule (``every``; null: never) and at the end of the run (``at_end``).
+
+    Every evaluation uses the same prompts (the first of the eval split). Logs ``eval/return`` (the
+    mean total reward; summary.json's ``eval_return``), ``eval/reward/<name>`` (each function's
+    mean: ``correct`` is the accuracy), ``eval/completion_length`` and ``eval/truncated``.
+    """
+
+    phase = "eval"
+
+    def __init__(
+        self,
+        policy,
+        make_env: Callable[[], Task],
+        model: LanguageModel,
+        rewards: Rewards,
+        max_new_tokens: PositiveInt,
+        stop: list[str] | None,
+        prompts: PositiveInt = 64,
+        batch_size: PositiveInt = 64,
+        every: Every = None,
+        at_end: Flag = True,
+    ):
+        super().__init__(every, at_end)
+        self.policy, self.task, self.model, self.rewards = policy, make_env().eval_split(), model, rewards
+        self.prompts, self.batch_size = prompts, batch_size
+        self.sampling = Sampling(max_new_tokens=max_new_tokens, stop=tuple(stop or ()), greedy=True)
+        self._engine: TransformersEngine | None = None
+        self._evaluated_at: int | None = None
+
+    def on_update(self, state: TrainState) -> None:
+        if self._evaluated_at != state.frames:  # not twice at one frame count (a scheduled one, then at_end)
+            self.evaluate(state)
+
+    def evaluate(self, state: TrainState) -> float:
+        """The mean total reward of greedy completions of the eval prompts; a stop request (SIGINT,
+        SIGTERM) ends it between two batches of prompts: StopRequested, nothing recorded."""
+        if self._engine is None:
+            self._engine = TransformersEngine(self.policy, self.model.tokenizer())
+        self.task.position = 0
+        totals, each, lengths, cut = [], {}, [], []
+        for start in range(0, self.prompts, self.batch_size):
+            _raise_if_stopping(state)
+            rows = self.task.take(min(self.batch_size, self.prompts - start))
+            texts = [self.model.prompt_text(self._engine.tokenizer, row["prompt"]) for row in rows]
+            batch = score(self._engine.generate(texts, 1, self.sampling), rows, 1, self.rewards)
+            totals += batch["reward"].reshape(-1).tolist()
+            for name, values in batch["rewards"].items():
+                each.setdefault(name, []).extend(values.reshape(-1).tolist())
+            lengths += batch["episode_length"].reshape(-1).tolist()
+            cut += batch["truncated"].reshape(-1).tolist()
+        mean_return, self._evaluated_at = sum(totals) / len(totals), state.frames
+        state.evals.add(mean_return)
+        metrics = {"eval/return": mean_return, "eval/completion_length": sum(lengths) / len(lengths),
+                   "eval/truncated": sum(cut) / len(cut)}
+        metrics.update({f"eval/reward/{name}": sum(v) / len(v) for name, v in each.items()})
+        state.window.set(metrics)  # the latest, not a mean over the log row (as EvalHook)
+        return mean_return
+
+    def state_dict(self) -> dict:
+        return {"evaluated_at": self._evaluated_at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._evaluated_at = state["evaluated_at"]

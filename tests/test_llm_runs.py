@@ -1,0 +1,123 @@
+"""A language model's run is an rltrain run: its outputs, checkpoint and exact resume, its Hugging Face
+model dir, and bad input refused before anything loads, in one line naming the key."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+
+import pytest
+import torch
+
+from rltrain import build, checkpoint
+from rltrain.errors import ConfigError, RunError
+from rltrain.llm import model as llm_model
+from rltrain.llm.tiny import write_tiny_model
+from rltrain.validate import validate
+from tests.conftest import make_config, run_cli
+from tests.test_outputs import read_jsonl
+from tests.test_run_management import learning_rows, signal_at
+
+SHORT = ("algo=grpo", "collector.frames_per_batch=32", "collector.group_size=4", "trainer.total_frames=256", "seed=1",
+         "~hooks.log.every", "+hooks.log.every={batches:1}", "hooks.eval.prompts=8")
+
+
+def test_a_run_ends_like_every_run_with_a_model_dir_transformers_loads(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    summary = build(make_config(*SHORT), run_dir=tmp_path / "run").fit()
+    run = tmp_path / "run"
+    assert summary["status"] == "completed" and summary["frames"] == 256 and summary["updates"] == 8
+    assert summary["sync"]["pushes"] == 8 and summary["sync"]["max_lag"] == 0 and summary["eval_return"] is not None
+    row = read_jsonl(run / "metrics.jsonl")[-1]
+    for key in ("reward/mean", "reward/std", "reward/correct/mean", "reward/correct/std", "completion/length",
+                "completion/truncated", "grpo/clip_fraction", "grpo/entropy", "grpo/loss",
+                "perf/generated_tokens_per_s", "perf/trained_tokens_per_s", "sync/lag", "eval/return",
+                "eval/reward/correct", "time/collect"):
+        assert key in row, key
+    saved = checkpoint.load(checkpoint.listing(run)[-1])
+    assert saved["collector"] == {"task": {"position": 64}, "seed": 1, "batches": 8}  # 8 batches of 8 prompts
+    model = AutoModelForCausalLM.from_pretrained(run / "model")
+    learner = saved["algo"]["policy"]
+    assert all(torch.equal(t, learner[name]) for name, t in model.state_dict().items())
+    assert AutoTokenizer.from_pretrained(run / "model").decode([7, 8]) != ""
+
+
+def test_a_run_stopped_by_sigterm_and_resumed_matches_an_uninterrupted_one(tmp_path):
+    full = run_cli(*SHORT, "hydra.run.dir=outputs/full", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr
+    stopped = run_cli(*SHORT, *signal_at(100), "hydra.run.dir=outputs/split", cwd=tmp_path)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert json.loads((tmp_path / "outputs/split/summary.json").read_text())["frames"] == 128
+    resumed = run_cli(*SHORT, "resume=outputs/split", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    # Every row as if it had never stopped: the same prompts, samples, rewards, losses and evaluation.
+    assert learning_rows(tmp_path / "outputs/split") == learning_rows(tmp_path / "outputs/full")
+
+
+def test_a_reward_function_that_raises_fails_the_run_naming_it_and_the_prompt(tmp_path):
+    cfg = make_config(*SHORT, "+env.rewards.mine._target_=tests.parts_for_tests.reward_that_raises")
+    with pytest.raises(RunError, match=r"reward function mine raised KeyError: 'score' on the prompt 'reverse \d:'"):
+        build(cfg, run_dir=tmp_path / "run").fit()
+    assert json.loads((tmp_path / "run/summary.json").read_text())["status"].startswith("failed: RunError")
+
+
+@pytest.fixture(scope="module")
+def no_tokenizer(tmp_path_factory):
+    path = write_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (path / name).unlink()
+    return path
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (("model.path=/no/such/model",), r"model.path=/no/such/model: no such dir, and not a Hugging Face hub id"),
+    (("model.path={no_tokenizer}",), r"model.path=.* has no tokenizer .*tokenizer.save_pretrained"),
+    (("model.path={no_tokenizer}/..",), r"has no config.json: not a transformers model dir"),
+    (("collector.group_size=1", "collector.frames_per_batch=16"),
+     r"collector.group_size=1 with algo.scale_rewards=true: a group of one completion has no std"),
+    (("collector.frames_per_batch=100",), r"collector.frames_per_batch \(100\) must be a multiple of "
+                                          r"collector.group_size \(8\)"),
+    (("+env.rewards.bad._target_=os.sep",), r"env.rewards.bad._target_=os.sep is not callable"),
+    (("+env.rewards.bad._target_=no_such_module.f",), r"env.rewards.bad._target_='no_such_module.f' cannot be "
+                                                      "imported"),
+    (("+env.reward_weights.typo=2",), r"env.reward_weights names typo, which env.rewards does not have"),
+    (("env.length=0",), r"env.length"),
+    (("algo=ppo", "env=reverse", "model=tiny", "collector=generation"), r"is a language task .* use algo=grpo"),
+    (("env=cartpole",), r"algo=GRPO trains a language model .* env.id='CartPole-v1' is a gymnasium env"),
+    (("collector=local", "~collector.max_new_tokens"),
+     r"the language task ReverseDigits needs a collector that generates text"),
+    (("sync=pipe",), r"sync=pipe sends weights to worker processes"),
+    (("sync=none",), r"algo=grpo with sync=none: GRPO's ratios"),
+    (("model.dtype=int8",), r"model.dtype must be one of float32, bfloat16, float16"),
+])
+def test_bad_input_is_refused_before_anything_loads(overrides, message, no_tokenizer):
+    cfg = make_config("algo=grpo", *(o.format(no_tokenizer=no_tokenizer) for o in overrides))
+    with pytest.raises(ConfigError, match=message):
+        validate(cfg)
+
+
+def test_a_prompt_longer_than_the_context_is_refused(tmp_path):
+    rows = [{"prompt": "reverse 12:", "answer": "21"}] * 9 + [{"prompt": "x" * 300, "answer": "1"}]
+    (tmp_path / "rows.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    cfg = make_config("algo=grpo", "env=dataset", f"env.path={tmp_path / 'rows.jsonl'}")
+    with pytest.raises(ConfigError, match=r"a prompt of 300 tokens plus collector.max_new_tokens=2 exceeds the "
+                                          r"context of model.path=tiny \(256 tokens\)"):
+        validate(cfg)
+
+
+def test_without_transformers_the_pip_install_is_named(monkeypatch):
+    real = llm_model.importlib.util.find_spec
+    monkeypatch.setattr(llm_model.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "transformers" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"needs transformers, which is not installed: pip install 'rltrain\[llm\]'"):
+        validate(make_config("algo=grpo"))
+
+
+def test_a_copied_model_dir_is_a_run_s_model(tmp_path):
+    path = shutil.copytree(write_tiny_model(tmp_path / "tiny", arch="llama"), tmp_path / "mine")
+    cfg = make_config(*SHORT, f"model.path={path}", "trainer.total_frames=64")
+    summary = build(cfg, run_dir=tmp_path / "run").fit()
+    assert summary["status"] == "completed"
+    assert json.loads((tmp_path / "run/model/config.json").read_text())["model_type"] == "llama"
