@@ -9,7 +9,7 @@ import json
 import torch
 
 from rltrain import build
-from rltrain.algos.grpo import GRPO
+from rltrain.algos.grpo import GRPO, token_logprobs
 from rltrain.collectors.generation import score
 from rltrain.llm.engine import Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
@@ -75,3 +75,30 @@ def test_truncated_completions_are_masked_or_kept_as_chosen(tmp_path):
         return any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
     assert changed(mask_truncated=False) and not changed(mask_truncated=True)
+
+
+def test_one_pass_per_group_prompt_gives_what_a_pass_per_completion_gives(tmp_path):
+    """The engine and the learner run each group's prompt once (rltrain.llm.prompt_cache): the same
+    samples, log-probs, entropies and gradients as running every copy, with left padding and several tokens."""
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
+    engine = TransformersEngine(model.load(), model.tokenizer())
+    prompts = ["7+5=", "12*34=", "reverse 4821:"]  # of different lengths: left padding
+    sampling = Sampling(max_new_tokens=5)
+    shared = engine.generate(prompts, 4, sampling, seed=3)
+    each = engine.generate([p for p in prompts for _ in range(4)], 1, sampling, seed=3)
+    assert shared.completion_ids.equal(each.completion_ids) and shared.prompt_mask.equal(each.prompt_mask)
+    assert (shared.logprobs - each.logprobs).abs().max() < 1e-5
+    batch = score(shared, [{"prompt": p, "answer": "1"} for p in prompts], 4,
+                  Rewards({"correct": correct_answer})).reshape(-1)
+    policy = model.load().train()
+    results = []
+    for group_size in (1, 4):
+        policy.zero_grad()
+        logp, entropy = token_logprobs(policy, batch, group_size)
+        (logp * batch["completion_mask"]).sum().backward()
+        results.append((logp, entropy, [p.grad.clone() for p in policy.parameters()]))
+    (logp_1, entropy_1, grads_1), (logp_4, entropy_4, grads_4) = results
+    kept = batch["completion_mask"].bool()
+    assert (logp_1 - logp_4)[kept].abs().max() < 1e-5 and (entropy_1 - entropy_4)[kept].abs().max() < 1e-5
+    assert max((a - b).abs().max().item() for a, b in zip(grads_1, grads_4)) < 1e-4
+    assert (logp_4 - shared.logprobs)[kept].abs().max() < 1e-4  # and what the engine sampled with

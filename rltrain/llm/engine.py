@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from rltrain.llm.prompt_cache import cache_name, prompt_pass
 from rltrain.rules import Flag, PositiveFraction, PositiveInt, PositiveNumber
 
 
@@ -103,13 +104,14 @@ class TransformersEngine(Engine):
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
         tok, model = self.tokenizer, self.model
         tok.padding_side = "left"
-        batch = tok([p for p in prompts for _ in range(group_size)], return_tensors="pt", padding=True,
-                    add_special_tokens=False).to(model.device)
+        encoded = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        prompt_ids, prompt_mask = (encoded[k].repeat_interleave(group_size, dim=0).to(model.device)
+                                   for k in ("input_ids", "attention_mask"))  # each prompt's group, one after another
         with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []):
             if seed is not None:  # this draw's own seed; the caller's random state stays as it was
                 torch.manual_seed(seed)
-            out = self._generate(batch, sampling)
-        ids = out.sequences[:, batch.input_ids.shape[1]:]
+            out = self._generate(prompt_ids, prompt_mask, sampling, group_size)
+        ids = out.sequences[:, prompt_ids.shape[1]:]
         scores = torch.stack(out.scores, dim=1).float()  # [B, T, V]: the processed logits each token was drawn from
         logprobs = torch.log_softmax(scores, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
         lengths = [self._length(row, sampling.stop) for row in ids.tolist()]
@@ -117,19 +119,23 @@ class TransformersEngine(Engine):
         ends = torch.tensor([n for n, _ in lengths], device=ids.device)
         mask = (steps[None, :] < ends[:, None]).long()
         texts = [tok.decode(row[:n], skip_special_tokens=True) for row, (n, _) in zip(ids.tolist(), lengths)]
-        return Generated(batch.input_ids, batch.attention_mask, ids.masked_fill(mask == 0, tok.pad_token_id), mask,
+        return Generated(prompt_ids, prompt_mask, ids.masked_fill(mask == 0, tok.pad_token_id), mask,
                          logprobs.masked_fill(mask == 0, 0.0),
                          torch.tensor([cut for _, cut in lengths], device=ids.device), texts, self.version)
 
-    def _generate(self, batch, sampling: Sampling):
-        """transformers' generation (KV cache) with the scores each token was drawn from."""
-        tok = self.tokenizer
+    def _generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: Sampling, group_size: int):
+        """transformers' generation (KV cache) with the scores each token was drawn from. Each group's
+        prompt but its last token goes through the model once, and every completion of the group
+        starts from that cache (``rltrain.llm.prompt_cache``)."""
+        tok, model = self.tokenizer, self.model
         drawn = {"do_sample": False} if sampling.greedy else {
             "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
-        return self.model.generate(**batch, **drawn, max_new_tokens=sampling.max_new_tokens,
-                                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                                   stop_strings=list(sampling.stop) or None, tokenizer=tok if sampling.stop else None,
-                                   output_scores=True, return_dict_in_generate=True)
+        if group_size > 1 and ids.shape[1] > 1:
+            drawn[cache_name(model)] = prompt_pass(model, ids[:, :-1], mask[:, :-1], group_size)[1]
+        return model.generate(input_ids=ids, attention_mask=mask, **drawn, max_new_tokens=sampling.max_new_tokens,
+                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                              stop_strings=list(sampling.stop) or None, tokenizer=tok if sampling.stop else None,
+                              output_scores=True, return_dict_in_generate=True)
 
     def _length(self, row: list[int], stop: tuple[str, ...]) -> tuple[int, bool]:
         """How many tokens of ``row`` the completion holds, and whether ``max_new_tokens`` cut it."""
