@@ -100,3 +100,18 @@ def test_a_gpu_checkpoint_resumes_on_the_cpu_and_back(algo, tmp_path):
         assert summary["status"] == "completed" and summary["frames"] == frames
         assert summary["time"]["update"] > 0 and sum(summary["time"].values()) == pytest.approx(
             summary["wall_time_s"], rel=0.01)  # the phases, synchronized, still add up to the wall time
+
+
+def test_a_language_model_learns_with_its_engine_on_the_gpu_and_each_push_reaches_it(tmp_path):
+    from rltrain import build
+    from tests.conftest import make_config
+    from tests.test_grpo import ONE_TOKEN
+
+    trainer = build(make_config(*ONE_TOKEN, "device=cuda"), run_dir=tmp_path / "run")
+    engine = trainer.collector.engine.model
+    assert engine.device.type == "cuda" and engine.lm_head.weight is engine.model.embed_tokens.weight
+    summary = trainer.fit()
+    assert summary["status"] == "completed" and summary["eval_return"] > 0.9
+    # The engine holds the last push: the learner's weights after its last update.
+    learner = named_weights(trainer.algo.policy)
+    assert all(torch.equal(t, learner[name]) for name, t in named_weights(engine).items())

@@ -8,7 +8,7 @@ from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-from hydra.utils import get_class
+from hydra.utils import get_object
 from omegaconf import OmegaConf
 
 from tests.conftest import CONFIGS
@@ -44,7 +44,7 @@ def test_a_class_configured_by_one_yaml_has_that_yamls_values_as_its_defaults():
         if len(found) != 1:  # e.g. GymnasiumBatchedEnv, configured by every env/*.yaml
             continue
         where, node = found[0]
-        params = inspect.signature(get_class(target)).parameters
+        params = inspect.signature(get_object(target)).parameters  # a class, or a reward function
         for key, value in node.items():
             if key.startswith("_") or key not in params or params[key].default is inspect.Parameter.empty:
                 continue

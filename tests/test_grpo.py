@@ -71,7 +71,8 @@ def test_truncated_completions_are_masked_or_kept_as_chosen(tmp_path):
     def changed(mask_truncated: bool) -> bool:
         policy = model.load()
         before = [p.clone() for p in policy.parameters()]
-        GRPO(policy, total_frames=16, max_new_tokens=3, lr=1e-2, mask_truncated=mask_truncated).update(batch)
+        algo = GRPO(policy, total_frames=16, max_new_tokens=3, temperature=1.0, lr=1e-2, mask_truncated=mask_truncated)
+        algo.update(batch)
         return any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
     assert changed(mask_truncated=False) and not changed(mask_truncated=True)
@@ -102,3 +103,17 @@ def test_one_pass_per_group_prompt_gives_what_a_pass_per_completion_gives(tmp_pa
     assert (logp_1 - logp_4)[kept].abs().max() < 1e-5 and (entropy_1 - entropy_4)[kept].abs().max() < 1e-5
     assert max((a - b).abs().max().item() for a, b in zip(grads_1, grads_4)) < 1e-4
     assert (logp_4 - shared.logprobs)[kept].abs().max() < 1e-4  # and what the engine sampled with
+
+
+def test_the_learner_scores_tokens_at_the_temperature_they_were_sampled_at(tmp_path):
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
+    engine = TransformersEngine(model.load(), model.tokenizer())
+    rows = ReverseDigits(length=3).take(4)
+    generated = engine.generate([r["prompt"] for r in rows], 4, Sampling(temperature=0.7, max_new_tokens=4), seed=1)
+    batch = score(generated, rows, 4, Rewards({"correct": correct_answer})).reshape(-1)
+    kept = batch["completion_mask"].bool()
+    with torch.no_grad():
+        at_sampling = token_logprobs(engine.model, batch, 4, temperature=0.7)[0]
+        at_one = token_logprobs(engine.model, batch, 4)[0]
+    assert (at_sampling - batch["log_prob"])[kept].abs().max() < 1e-4  # every ratio starts at 1
+    assert (at_one - batch["log_prob"])[kept].abs().max() > 0.01

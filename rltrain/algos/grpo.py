@@ -32,9 +32,10 @@ from rltrain.rules import (
 SCHEDULES = ("constant", "linear", "cosine")
 
 
-def token_logprobs(model, batch: TensorDict, group_size: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each completion token's log-prob under ``model`` (the rows of ``batch``, flat), and the entropy
-    of the distribution it was drawn from.
+def token_logprobs(model, batch: TensorDict, group_size: int = 1,
+                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each completion token's log-prob under ``model`` at the sampling ``temperature`` (the rows of
+    ``batch``, flat), and the entropy of that distribution.
 
     Rows come in groups of ``group_size`` completions of one prompt: each prompt then goes through the
     model once, and its keys and values (with their gradients) serve every completion of its group,
@@ -47,7 +48,7 @@ def token_logprobs(model, batch: TensorDict, group_size: int = 1) -> tuple[torch
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
         logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
         logits = logits[:, batch["prompt_ids"].shape[1] - 1:-1]
-    logp_all = torch.log_softmax(logits.float(), dim=-1)
+    logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
@@ -91,6 +92,7 @@ class GRPO:
         policy,
         total_frames: int,
         max_new_tokens: PositiveInt,  # the collector's (Dr. GRPO's constant); set from collector.max_new_tokens
+        temperature: PositiveNumber,  # the collector's: the policy is the model's distribution at it
         device: torch.device | str = "cpu",
         lr: PositiveNumber = 3e-3,  # AdamW learning rate (the peak of the schedule)
         lr_schedule: Annotated[str, OneOf(SCHEDULES)] = "constant",  # constant | linear | cosine (to 0 at the end)
@@ -113,6 +115,7 @@ class GRPO:
         self.clip_low, self.clip_high, self.aggregation = clip_low, clip_high, loss_aggregation
         self.scale_rewards, self.mask_truncated = scale_rewards, mask_truncated
         self.kl_coef, self.max_grad_norm, self.max_new_tokens = kl_coef, max_grad_norm, max_new_tokens
+        self.temperature = temperature
         self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if kl_coef else None
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=weight_decay)
         self.frames = 0  # completions trained on: the schedule's position
@@ -138,7 +141,7 @@ class GRPO:
             for start in range(0, flat.shape[0], self.micro_batch_size):
                 rows = slice(start, start + self.micro_batch_size)
                 part, kept = flat[rows], mask[rows]
-                logp, entropy = token_logprobs(self.policy, part, self._group_rows(group_size))
+                logp, entropy = token_logprobs(self.policy, part, self._group_rows(group_size), self.temperature)
                 losses = token_losses(logp, part["log_prob"], advantages[rows], self.clip_low, self.clip_high,
                                       None if ref is None else ref[rows], self.kl_coef)
                 loss = aggregate(losses, kept, self.aggregation, norm)
@@ -183,7 +186,7 @@ class GRPO:
     @torch.no_grad()
     def _reference_logprobs(self, flat: TensorDict, group_size: int) -> torch.Tensor:
         group_size = self._group_rows(group_size)
-        parts = [token_logprobs(self.reference, flat[s:s + self.micro_batch_size], group_size)[0]
+        parts = [token_logprobs(self.reference, flat[s:s + self.micro_batch_size], group_size, self.temperature)[0]
                  for s in range(0, flat.shape[0], self.micro_batch_size)]
         return torch.cat(parts)
 

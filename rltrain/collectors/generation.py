@@ -2,9 +2,11 @@
 prompts, samples ``group_size`` completions of each with the weights of the last push, and scores
 every completion with the task's reward functions.
 
-The engine's model is a copy of the learner's, fed only through the weight-sync receiver at the
-start of each batch, as every collector's policy is: the learner's optimizer never touches the
-weights that generate, and each completion carries the version that generated it.
+The engine's model is a copy of the learner's, on the learner's device, fed only through the
+weight-sync receiver at the start of each batch, as every collector's policy is: the learner's
+optimizer never touches the weights that generate, and each completion carries the version that
+generated it. (On the CPU the engine reads the published snapshot in place; on a GPU each new
+version is copied into it.)
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class GenerationCollector(Collector):
         make_receiver: Callable[[], WeightReceiver],
         model: LanguageModel,
         rewards: Rewards,
+        device: torch.device | str = "cpu",
         seed: int = 0,
         frames_per_batch: PositiveInt = 128,
         group_size: PositiveInt = 8,
@@ -56,8 +59,7 @@ class GenerationCollector(Collector):
         self.group_size, self.seed, self.batches = group_size, seed, 0
         self.sampling = Sampling(temperature, top_p, max_new_tokens, tuple(stop), greedy)
         self.task, self.rewards, self.model = make_env(), rewards, model
-        tokenizer = model.tokenizer()
-        self.engine = TransformersEngine(make_policy(), tokenizer)
+        self.engine = TransformersEngine(make_policy().to(device), model.tokenizer())
         self.receiver = make_receiver()
         self.receiver.connect(self.engine.model)
 

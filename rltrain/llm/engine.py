@@ -60,10 +60,11 @@ class Generated:
         ``generate_s``, each completion's share of the seconds the batch took to generate."""
         rows = len(self.texts)
         shape = (rows // group_size, group_size)
-        lengths = self.completion_mask.sum(dim=1)
-        data = {
-            "prompt_ids": self.prompt_ids, "prompt_mask": self.prompt_mask, "completion_ids": self.completion_ids,
-            "completion_mask": self.completion_mask, "log_prob": self.logprobs, "truncated": self.truncated,
+        lengths = self.completion_mask.sum(dim=1).cpu()
+        data = {  # on the host, as every collector's batch (the learner takes it to its device)
+            "prompt_ids": self.prompt_ids.cpu(), "prompt_mask": self.prompt_mask.cpu(),
+            "completion_ids": self.completion_ids.cpu(), "completion_mask": self.completion_mask.cpu(),
+            "log_prob": self.logprobs.cpu(), "truncated": self.truncated.cpu(),
             "reward": reward.float(), "rewards": {k: v.float() for k, v in (rewards or {}).items()},
             "done": torch.ones(rows, dtype=torch.bool), "episode_return": reward.float(), "episode_length": lengths,
             "policy_version": torch.full((rows,), self.version, dtype=torch.int64),

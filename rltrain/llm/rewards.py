@@ -2,6 +2,7 @@
 every other key of the task's row (``answer``, a dataset's columns).
 
 Built in: ``correct_answer`` (the extracted answer equals the reference: 1, else 0),
+``digits_in_place`` (partial credit: the share of the answer's characters in place),
 ``follows_format`` (the completion is an answer and nothing else, ended where it should be) and
 ``length_penalty`` (minus the share of ``max_chars`` the completion uses beyond the answer).
 ``Rewards`` weighs several (a user's own by ``_target_`` among them), reports each one's value, and
@@ -29,6 +30,13 @@ def correct_answer(prompt: str, completion: str, answer: str, **row) -> float:
     """1.0 when the completion's first integer equals the reference answer (as integers), else 0.0."""
     given = extract_answer(completion)
     return float(given is not None and int(given) == int(answer))
+
+
+def digits_in_place(prompt: str, completion: str, answer: str, **row) -> float:
+    """Partial credit: the share of the answer's characters that the completion has at the same
+    place (``1284`` against ``1248``: 0.5), so that a multi-token answer rewards every right token."""
+    given = completion.strip()[:len(answer)]
+    return sum(a == b for a, b in zip(given, answer)) / len(answer)
 
 
 def follows_format(prompt: str, completion: str, **row) -> float:

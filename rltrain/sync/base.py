@@ -288,7 +288,14 @@ def _all_cores(nbytes: int):
 def bind_weights(policy: nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     """Make ``tensors`` the policy's parameters and buffers without copying (an inference-only policy).
     A parameter shared by several modules (a language model's output layer tied to its embedding:
-    ``named_weights`` names it once) is rebound in every module that holds it."""
+    ``named_weights`` names it once) is rebound in every module that holds it. A policy on another
+    device than ``tensors`` (a language model's engine on the GPU, the snapshot in host memory)
+    gets them copied into its own weights instead."""
+    current = named_weights(policy)
+    if any(current[name].device != tensor.device for name, tensor in tensors.items()):
+        with torch.no_grad():
+            torch._foreach_copy_([current[name] for name in tensors], list(tensors.values()))
+        return
     holders: dict[int, list[tuple[nn.Module, str]]] = {}
     for module in policy.modules():
         for attr, param in module._parameters.items():
