@@ -112,6 +112,7 @@ def test_a_language_model_learns_with_its_engine_on_the_gpu_and_each_push_reache
     assert engine.device.type == "cuda" and engine.lm_head.weight is engine.model.embed_tokens.weight
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["eval_return"] > 0.9
-    # The engine holds the last push: the learner's weights after its last update.
+    # The last push (after the last update, which no batch followed) reaches the engine whole.
+    assert trainer.collector.receiver.poll()
     learner = named_weights(trainer.algo.policy)
     assert all(torch.equal(t, learner[name]) for name, t in named_weights(engine).items())

@@ -44,13 +44,14 @@ def test_a_run_ends_like_every_run_with_a_model_dir_transformers_loads(tmp_path)
     assert AutoTokenizer.from_pretrained(run / "model").decode([7, 8]) != ""
 
 
-def test_a_run_stopped_by_sigterm_and_resumed_matches_an_uninterrupted_one(tmp_path):
-    full = run_cli(*SHORT, "hydra.run.dir=outputs/full", cwd=tmp_path)
+@pytest.mark.parametrize("weights", [(), ("model.lora_rank=4", "algo.kl_coef=0.1")], ids=["all", "lora"])
+def test_a_run_stopped_by_sigterm_and_resumed_matches_an_uninterrupted_one(weights, tmp_path):
+    full = run_cli(*SHORT, *weights, "hydra.run.dir=outputs/full", cwd=tmp_path)
     assert full.returncode == 0, full.stderr
-    stopped = run_cli(*SHORT, *signal_at(100), "hydra.run.dir=outputs/split", cwd=tmp_path)
+    stopped = run_cli(*SHORT, *weights, *signal_at(100), "hydra.run.dir=outputs/split", cwd=tmp_path)
     assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
     assert json.loads((tmp_path / "outputs/split/summary.json").read_text())["frames"] == 128
-    resumed = run_cli(*SHORT, "resume=outputs/split", cwd=tmp_path)
+    resumed = run_cli(*SHORT, *weights, "resume=outputs/split", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     # Every row as if it had never stopped: the same prompts, samples, rewards, losses and evaluation.
     assert learning_rows(tmp_path / "outputs/split") == learning_rows(tmp_path / "outputs/full")
@@ -121,3 +122,55 @@ def test_a_copied_model_dir_is_a_run_s_model(tmp_path):
     summary = build(cfg, run_dir=tmp_path / "run").fit()
     assert summary["status"] == "completed"
     assert json.loads((tmp_path / "run/model/config.json").read_text())["model_type"] == "llama"
+
+
+def test_the_recipe_builds_its_task_rewards_and_collector_and_runs(tmp_path):
+    trainer = build(make_config("+recipe=grpo_reverse", "trainer.total_frames=512"), run_dir=tmp_path / "run")
+    assert trainer.collector.group_size == 16 and trainer.collector.prompts_per_batch == 16
+    assert list(trainer.collector.rewards.functions) == ["correct", "partial"]
+    summary = trainer.fit()
+    assert summary["status"] == "completed" and summary["updates"] == 2
+
+
+def test_lora_trains_the_adapters_only_and_writes_the_merged_model_and_the_adapters(tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from rltrain.llm.engine import Sampling, TransformersEngine
+    from rltrain.llm.model import LanguageModel
+    from rltrain.sync.base import named_weights
+
+    trainer = build(make_config(*SHORT, "model.lora_rank=4", "algo.kl_coef=0.1", "algo.lr=1e-2"),
+                    run_dir=tmp_path / "run")
+    base_before = {k: v.clone() for k, v in named_weights(trainer.algo.policy).items() if "lora_" not in k}
+    summary = trainer.fit()
+    assert summary["status"] == "completed"
+    learner = named_weights(trainer.algo.policy)
+    assert all(torch.equal(learner[k], v) for k, v in base_before.items())  # the base never moves
+    adapters = {k for k in learner if "lora_B" in k}
+    assert adapters and any(learner[k].abs().sum() > 0 for k in adapters)  # the adapters learned (B starts at 0)
+    assert trainer.collector.receiver.poll()  # the push after the last update (no batch came after it)
+    engine = named_weights(trainer.collector.engine.model)
+    assert all(torch.equal(engine[k], learner[k]) for k in learner)  # adapters and all
+    row = read_jsonl(tmp_path / "run/metrics.jsonl")[-1]
+    assert row["grpo/kl"] > 0  # against the model with its adapters off: no copy of it
+    assert checkpoint.load(checkpoint.listing(tmp_path / "run")[-1])["algo"]["reference"] is None
+
+    prompts, greedy = ["reverse 4:", "reverse 9:", "reverse 0:"], Sampling(max_new_tokens=3, greedy=True)
+    tokenizer = LanguageModel().tokenizer()
+    ours = TransformersEngine(trainer.algo.policy, tokenizer).generate(prompts, 1, greedy).completion_ids
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "run/model")
+    assert not any("lora" in name for name, _ in merged.named_parameters())
+    assert TransformersEngine(merged, tokenizer).generate(prompts, 1, greedy).completion_ids.equal(ours)
+    base = AutoModelForCausalLM.from_pretrained(LanguageModel().source())
+    adapted = PeftModel.from_pretrained(base, tmp_path / "run/model-adapter")
+    assert TransformersEngine(adapted, tokenizer).generate(prompts, 1, greedy).completion_ids.equal(ours)
+
+
+def test_lora_without_peft_names_the_pip_install(monkeypatch):
+    real = llm_model.importlib.util.find_spec
+    monkeypatch.setattr(llm_model.importlib.util, "find_spec",
+                        lambda name, *a: None if name == "peft" else real(name, *a))
+    with pytest.raises(ConfigError, match=r"model.lora_rank=8 trains LoRA adapters with peft, which is not installed: "
+                                          r"pip install 'rltrain\[lora\]'"):
+        validate(make_config("algo=grpo", "model.lora_rank=8"))

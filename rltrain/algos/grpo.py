@@ -7,6 +7,7 @@ The arithmetic is in ``grpo_loss``.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import time
@@ -116,8 +117,13 @@ class GRPO:
         self.scale_rewards, self.mask_truncated = scale_rewards, mask_truncated
         self.kl_coef, self.max_grad_norm, self.max_new_tokens = kl_coef, max_grad_norm, max_new_tokens
         self.temperature = temperature
-        self.reference = copy.deepcopy(policy).eval().requires_grad_(False) if kl_coef else None
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=lr, weight_decay=weight_decay)
+        # The KL's reference: the initial model, frozen. A model with LoRA adapters has it already (the
+        # adapters turned off: no copy); any other is copied once.
+        self._adapters_off = policy.disable_adapter if kl_coef and hasattr(policy, "disable_adapter") else None
+        self.reference = (copy.deepcopy(policy).eval().requires_grad_(False)
+                          if kl_coef and self._adapters_off is None else None)
+        self._params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
+        self.optimizer = torch.optim.AdamW(self._params, lr=lr, weight_decay=weight_decay)
         self.frames = 0  # completions trained on: the schedule's position
 
     def update(self, batch: TensorDict, should_stop: Callable[[], bool] = lambda: False) -> dict[str, float]:
@@ -133,7 +139,7 @@ class GRPO:
         if self.mask_truncated:
             mask = mask * (~flat["truncated"]).float().unsqueeze(1)
         norm = Normalizer.of(mask, self.max_new_tokens)
-        ref = self._reference_logprobs(flat, group_size) if self.reference is not None else None
+        ref = self._reference_logprobs(flat, group_size) if self.kl_coef else None
         self.policy.train()
         sums = {"loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio_max": 0.0}
         for _ in range(self.epochs):
@@ -155,7 +161,7 @@ class GRPO:
                     sums["ratio_max"] = max(sums["ratio_max"], (ratio * kept).max().item())
                     if ref is not None:
                         sums["kl"] += (kl_k3(logp, ref[rows]) * kept).sum().item() / norm.tokens
-            sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.max_grad_norm))
+            sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm))
             self.optimizer.step()
         self.policy.eval()
         seconds = time.perf_counter() - started
@@ -186,8 +192,10 @@ class GRPO:
     @torch.no_grad()
     def _reference_logprobs(self, flat: TensorDict, group_size: int) -> torch.Tensor:
         group_size = self._group_rows(group_size)
-        parts = [token_logprobs(self.reference, flat[s:s + self.micro_batch_size], group_size, self.temperature)[0]
-                 for s in range(0, flat.shape[0], self.micro_batch_size)]
+        model = self.reference if self.reference is not None else self.policy
+        with self._adapters_off() if self._adapters_off is not None else contextlib.nullcontext():
+            parts = [token_logprobs(model, flat[s:s + self.micro_batch_size], group_size, self.temperature)[0]
+                     for s in range(0, flat.shape[0], self.micro_batch_size)]
         return torch.cat(parts)
 
     def state_dict(self, replay_buffer: bool = True) -> dict:

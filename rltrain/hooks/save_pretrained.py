@@ -19,7 +19,9 @@ log = logging.getLogger("rltrain")
 class SavePretrainedHook(Hook):
     """``<run_dir>/<dirname>``: the learner's weights (``save_pretrained``), config and tokenizer, at
     the end of the run (``at_end``) and on its schedule (``every``; null: only at the end). Each save
-    replaces the last one whole (written beside it, then renamed)."""
+    replaces the last one whole (written beside it, then renamed). With LoRA adapters
+    (``model.lora_rank``), the model is written with them merged, and the adapters alone beside it
+    (``<run_dir>/<dirname>-adapter``: what peft's ``PeftModel.from_pretrained`` loads onto the base)."""
 
     phase = "checkpoint"
 
@@ -29,15 +31,23 @@ class SavePretrainedHook(Hook):
         self.policy, self.model, self.path = policy, model, Path(run_dir) / dirname
 
     def on_update(self, state: TrainState) -> None:
-        staging = Path(tempfile.mkdtemp(prefix=f".{self.path.name}.", dir=self.path.parent))
-        try:
-            self.policy.save_pretrained(staging)
-            self.model.tokenizer().save_pretrained(staging)
-            if self.path.exists():
-                shutil.rmtree(self.path)
-            staging.chmod(0o755)
-            staging.replace(self.path)
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
+        tokenizer = self.model.tokenizer()
+        _write_whole(self.path, lambda d: (LanguageModel.merged(self.policy).save_pretrained(d),
+                                           tokenizer.save_pretrained(d)))
+        if self.model.lora_rank:
+            _write_whole(self.path.with_name(f"{self.path.name}-adapter"), self.policy.save_pretrained)
         log.info("model: %s (transformers' from_pretrained loads it)", self.path)
+
+
+def _write_whole(path: Path, write) -> None:
+    """``write(dir)`` into a new dir beside ``path``, then that dir renamed to ``path`` (replacing it)."""
+    staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    try:
+        write(staging)
+        if path.exists():
+            shutil.rmtree(path)
+        staging.chmod(0o755)
+        staging.replace(path)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise

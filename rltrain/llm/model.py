@@ -6,10 +6,15 @@ id that transformers downloads (``Qwen/Qwen2.5-0.5B-Instruct``), or ``tiny``: rl
 (random weights, a character-level tokenizer; ``arch`` picks Qwen2 or Llama), made on first use in
 ``$RLTRAIN_CACHE`` (default ``~/.cache/rltrain``). ``check()`` refuses what cannot load before anything
 does; ``load()`` and ``tokenizer()`` load it.
+
+``lora_rank`` > 0 trains LoRA adapters (peft: ``pip install 'rltrain[lora]'``) of that rank on
+``lora_targets`` instead of every weight; the learner and the engine both hold the adapters, the
+weight sync moves them with the rest, and the model written at the end has them merged.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import re
 from pathlib import Path
@@ -18,7 +23,7 @@ from typing import Annotated
 import torch
 
 from rltrain.errors import ConfigError
-from rltrain.rules import Flag, OneOf
+from rltrain.rules import Flag, Fraction, NonNegativeInt, OneOf, PositiveNumber
 
 TINY = "tiny"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -43,13 +48,19 @@ class LanguageModel:
     """
 
     def __init__(self, path: str = TINY, dtype: Annotated[str, DTYPE] = "float32", chat_template: Flag = True,
-                 arch: Annotated[str, ARCH] = "qwen2"):
+                 arch: Annotated[str, ARCH] = "qwen2", lora_rank: NonNegativeInt = 0, lora_alpha: PositiveNumber = 16,
+                 lora_dropout: Fraction = 0.0, lora_targets: str | list[str] = "all-linear"):
         self.path, self.dtype, self.chat_template, self.arch = str(path), dtype, chat_template, arch
+        self.lora_rank, self.lora_alpha, self.lora_dropout = lora_rank, lora_alpha, lora_dropout
+        self.lora_targets = lora_targets
 
     def check(self) -> None:
         """Refuse, naming ``model.path`` and the fix, a model that cannot load: transformers missing,
         a local dir that does not exist, has no config.json or no tokenizer."""
         require_transformers(f"model.path={self.path}")
+        if self.lora_rank and importlib.util.find_spec("peft") is None:
+            raise ConfigError(f"model.lora_rank={self.lora_rank} trains LoRA adapters with peft, which is not "
+                              "installed: pip install 'rltrain[lora]' (or model.lora_rank=0: every weight trains)")
         if self.path == TINY:
             return
         local = Path(self.path).expanduser()
@@ -81,7 +92,22 @@ class LanguageModel:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # a bar per load would fill the run's log
-        return AutoModelForCausalLM.from_pretrained(self.source(), dtype=DTYPES[self.dtype]).to(device).eval()
+        model = AutoModelForCausalLM.from_pretrained(self.source(), dtype=DTYPES[self.dtype]).to(device).eval()
+        if not self.lora_rank:
+            return model
+        from peft import LoraConfig, get_peft_model
+
+        return get_peft_model(model, LoraConfig(r=self.lora_rank, lora_alpha=self.lora_alpha,
+                                                lora_dropout=self.lora_dropout, target_modules=self.lora_targets,
+                                                task_type="CAUSAL_LM")).eval()
+
+    @staticmethod
+    def merged(model):
+        """A plain transformers model with ``model``'s LoRA adapters merged into its weights (a copy;
+        ``model`` itself stays as it is); ``model`` itself when it has no adapters."""
+        if not hasattr(model, "merge_and_unload"):
+            return model
+        return copy.deepcopy(model).merge_and_unload()
 
     def tokenizer(self):
         """The model's tokenizer, padding on the left (prompts end where generation starts); a

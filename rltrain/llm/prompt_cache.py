@@ -18,7 +18,8 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 def cache_name(model) -> str:
     """The name of the KV cache among ``model.forward``'s arguments and outputs: ``cache`` in recent
     transformers 5 releases, ``past_key_values`` before (and deprecated since)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes it on
+    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
 
 
 def whole_groups(ids: torch.Tensor, group_size: int) -> bool:
