@@ -22,25 +22,20 @@ By default training stops at the threshold (``--no-stop`` runs all ``--steps``).
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers is imported: nothing is downloaded
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-os.environ.setdefault("WANDB_MODE", "offline")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import torch
 
-import argparse  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import sys  # noqa: E402
-import tempfile  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-
-import torch  # noqa: E402
-
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
+           "TOKENIZERS_PARALLELISM": "false"}
 PROMPTS_PER_STEP, GROUP_SIZE, WINDOW = 16, 8, 10
 
 
@@ -126,10 +121,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--micro-batch-size", type=int, default=64, help="rltrain's test uses 64 (2 micro-batches)")
     parser.add_argument("--threshold", type=float, default=0.8)
     parser.add_argument("--no-stop", action="store_true", help="run all --steps even after the threshold")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the trainer's seed (model init is the model dir's)")
+    parser.add_argument("--task-seed", type=int, default=0, help="ReverseDigits' seed (the rows)")
     parser.add_argument("--out", required=True, help="the JSON file to write")
     args = parser.parse_args(argv)
 
+    for key, value in OFFLINE.items():  # before transformers is imported: nothing is downloaded
+        os.environ.setdefault(key, value)
     torch.set_num_threads(1)
     import datasets
     import transformers
@@ -140,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     from rltrain.llm.tasks import ReverseDigits
 
     set_seed(args.seed)
-    rows = ReverseDigits(length=1, seed=args.seed).take(args.steps * PROMPTS_PER_STEP)
+    rows = ReverseDigits(length=1, seed=args.task_seed).take(args.steps * PROMPTS_PER_STEP)
     dataset = datasets.Dataset.from_list(rows)
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
@@ -162,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
                      "datasets": datasets.__version__, "python": platform.python_version()},
         "torch_threads_at_train_begin": callback.threads,
-        "max_new_tokens": args.max_new_tokens,
+        "max_new_tokens": args.max_new_tokens, "seed": args.seed, "task_seed": args.task_seed,
         "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE,
         "steps_run": len(seconds),
         "step_seconds": seconds,
