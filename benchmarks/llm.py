@@ -128,6 +128,8 @@ def grpo_table(ctx, model: Path, notes: list[str]) -> tuple[Table, dict]:
                 row.extra[f"{c} steps to {THRESHOLD}"] = "/".join(str(r["threshold_step"] or "–") for r in rs)
                 if len(reached) < len(rs):
                     row.extra[f"{c} not reached"] = f"{len(rs) - len(reached)}/{len(rs)}"
+                    row.extra[f"{c} last-{WINDOW} mean reward"] = "/".join(
+                        f"{statistics.mean(r['step_rewards'][-WINDOW:]):.2f}" for r in rs)
         row.cells = wall_cells
         table.rows.append(row)
     return table, raw
