@@ -1,4 +1,4 @@
-"""``python -m benchmarks``: rltrain beside its peers (TorchRL, stable-baselines3) and the raw floor,
+"""``python -m benchmarks``: rltrain beside its peers (TorchRL, stable-baselines3, TRL) and the raw floor,
 one table per category, medians with their p10-p90 spread and the ratio to each peer."""
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ from benchmarks.context import Context
 
 # In the order they run; `learning` (SAC HalfCheetah for 100k frames, about an hour) only when named.
 CATEGORIES = ["advantage", "losses", "replay", "collection", "weight_sync", "end_to_end", "checkpoint", "scale_out",
-              "learner"]
+              "learner", "llm"]
 ON_REQUEST = ["learning"]
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks", description="rltrain beside its peers (TorchRL, "
-                                "stable-baselines3) and the raw floor: one table per category, medians with their "
+                                "stable-baselines3, TRL) and the raw floor: one table per category, medians with their "
                                 "p10-p90 spread and the ratio to each peer. Run it from the repository root.")
     p.add_argument("--quick", action="store_true",
                    help="a smoke run (CI's): few rounds, small sizes, small fixed budgets instead of runs to a goal, "
@@ -30,10 +30,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--only", default=None,
                    help=f"comma-separated categories: {', '.join(CATEGORIES + ON_REQUEST)} (default: all but "
                         f"{', '.join(ON_REQUEST)})")
-    p.add_argument("--compare", default="torchrl,sb3", help="peers to run beside rltrain, or 'none'")
+    p.add_argument("--compare", default="torchrl,sb3,trl", help="peers to run beside rltrain, or 'none'")
     p.add_argument("--peer-python", default=None,
                    help="a Python with the peers installed (e.g. a venv with torchrl, which pins tensordict<0.15); "
                         "peers importable here run in this process")
+    p.add_argument("--trl-python", default=None,
+                   help="a Python with trl installed, for the llm category's GRPO beside TRL (default: this Python "
+                        "if it imports trl, else --peer-python's)")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads for the function-level cases (default 1); whole programs (end_to_end, "
                         "learning) run with their own defaults")
@@ -61,7 +64,7 @@ def versions() -> dict:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    ctx = Context(args.quick, args.peers, args.peer_python, args.threads, args.device)
+    ctx = Context(args.quick, args.peers, args.peer_python, args.threads, args.device, args.trl_python)
     meta = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), **versions(),
             "quick": args.quick, "threads": args.threads, "device": args.device,
             "peers": {n: p.missing or f"{p.module} in {p.python or 'this process'}" for n, p in ctx.peers.items()}}

@@ -12,9 +12,12 @@ ROUNDS_QUICK, ROUNDS_FULL = 3, 10
 class Context:
     """What a category needs to know about this invocation, and the runners its cases use."""
 
-    def __init__(self, quick: bool, compare: list[str], peer_python: str | None, threads: int, device: str = "cpu"):
+    def __init__(self, quick: bool, compare: list[str], peer_python: str | None, threads: int, device: str = "cpu",
+                 trl_python: str | None = None):
         self.quick, self.threads, self.device = quick, threads, device
-        self.peers = {name: find_peer(name, peer_python) for name in compare}
+        # TRL has a Python of its own when asked (--trl-python): its venv is not the other peers'
+        self.peers = {name: find_peer(name, trl_python if name == "trl" and trl_python else peer_python)
+                      for name in compare}
         self.rounds = ROUNDS_QUICK if quick else ROUNDS_FULL
         self._runners: dict[str | None, object] = {}
 

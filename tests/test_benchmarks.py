@@ -79,6 +79,38 @@ def test_a_peer_that_is_not_installed_is_reported_with_the_install_that_fixes_it
         core.find_peer("nobody", None)
 
 
+def test_trl_is_looked_for_in_its_own_python_and_reported_with_its_install_when_missing(monkeypatch):
+    monkeypatch.setitem(core.PEER_MODULES, "trl", "no_such_trl_for_rltrain_tests")
+    assert core.find_peer("trl", None).missing.startswith("not installed here; pip install trl")
+    # --trl-python, not --peer-python, is where TRL is looked for when given (a venv of its own)
+    ctx = Context(quick=True, compare=["trl"], peer_python="/nonexistent/python", threads=1, trl_python=sys.executable)
+    assert ctx.peers["trl"].missing.startswith(f"not importable by {sys.executable}")
+    assert ctx.peer("trl") is None and ctx.peer_notes("trl")[0].startswith("trl: not importable")
+
+
+def test_the_grpo_step_clock_times_every_step_and_stops_at_the_reward_threshold(tmp_path):
+    """The rltrain side of the GRPO benchmark: one step per update, the window's mean reward, the stop."""
+    import torch
+
+    from benchmarks.llm import count_tokens
+    from benchmarks.step_clock import StepClock
+
+    class State:
+        should_stop = False
+
+    clock, state = StepClock(str(tmp_path / "clock.json"), threshold=0.5, window=2), State()
+    clock.on_start(state)
+    for reward in (0.0, 0.5, 0.75):
+        clock.on_batch(state, {"reward": torch.full((2, 4), reward)})
+        clock.on_update(state)
+        assert state.should_stop == (reward == 0.75)  # the last 2 steps' mean: 0.25, then 0.625
+    clock.close(state, {})
+    out = json.loads((tmp_path / "clock.json").read_text())
+    assert len(out["step_seconds"]) == 3 and out["step_rewards"] == [0.0, 0.5, 0.75] and out["threshold_step"] == 3
+    assert 0 < out["threshold_wall_s"] >= sum(out["step_seconds"]) - 1e-9
+    assert count_tokens(torch.tensor([[5, 2, 0, 0], [5, 6, 7, 8]]), eos=2) == 6  # up to and including eos
+
+
 def test_cases_run_in_a_worker_process_and_a_failing_case_leaves_only_its_cell_empty(monkeypatch):
     monkeypatch.setitem(core.PEER_MODULES, "worker", "json")  # importable by any Python
     ctx = Context(quick=True, compare=["worker"], peer_python=sys.executable, threads=1)

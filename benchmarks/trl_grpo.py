@@ -1,0 +1,183 @@
+"""TRL's side of the GRPO benchmark: TRL's ``GRPOTrainer`` (plain transformers generation, no vLLM) on
+the CPU, training the tiny causal LM made by ``python -m rltrain.llm.tiny DIR`` on ``reverse D:`` -> ``D``
+(``ReverseDigits(length=1, seed=0)``, reward ``correct_answer``), with the settings of rltrain's own GRPO
+(tests/test_grpo.py): 16 prompts x 8 completions a step, temperature 1, top_p 1, lr 3e-3 (constant),
+AdamW without weight decay, one epoch per batch, no KL, token-mean loss ("dapo"), clip 0.2/0.28, rewards
+scaled by the group's std, max_grad_norm 1, one torch thread, seed 0.
+
+It measures (a) the wall seconds of each training step (generation + update: a callback's
+``on_step_begin``/``on_step_end``), (b) the step and the wall time (from the first step's start) at
+which the mean training reward over the last 10 steps first reaches the threshold (0.8), and the reward
+curve; it writes them to a JSON file with the trl/transformers/torch versions and the GRPOConfig used.
+
+Run it in a venv that has trl (never the main environment), nothing downloaded::
+
+    python -m venv --system-site-packages /work/venvs/trl && /work/venvs/trl/bin/pip install trl
+    python -m rltrain.llm.tiny /tmp/tiny-qwen2
+    PYTHONPATH=. /work/venvs/trl/bin/python benchmarks/trl_grpo.py --model /tmp/tiny-qwen2 --steps 200 \\
+        --max-new-tokens 1 --out trl_grpo.json
+
+By default training stops at the threshold (``--no-stop`` runs all ``--steps``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "offline",
+           "TOKENIZERS_PARALLELISM": "false"}
+PROMPTS_PER_STEP, GROUP_SIZE, WINDOW = 16, 8, 10
+
+
+def reward_fn(prompts, completions, answer, **_):
+    """TRL's reward signature over rltrain's ``correct_answer``: one float per completion."""
+    from rltrain.llm.rewards import correct_answer
+
+    return [correct_answer(p, c, a) for p, c, a in zip(prompts, completions, answer)]
+
+
+def grpo_config(args, output_dir: str):
+    """The GRPOConfig matching rltrain's GRPO settings (see the module docstring)."""
+    from trl import GRPOConfig
+
+    micro = args.micro_batch_size
+    if (PROMPTS_PER_STEP * GROUP_SIZE) % micro:
+        raise SystemExit(f"--micro-batch-size must divide {PROMPTS_PER_STEP * GROUP_SIZE}")
+    return GRPOConfig(
+        output_dir=output_dir,
+        # one optimizer step = one generation batch of 16 prompts x 8 completions, in micro-batches
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=PROMPTS_PER_STEP * GROUP_SIZE // micro,
+        num_generations=GROUP_SIZE,
+        max_completion_length=args.max_new_tokens,
+        temperature=1.0, top_p=1.0, top_k=0,
+        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0,
+        optim="adamw_torch", weight_decay=0.0, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        num_iterations=1, beta=0.0, epsilon=0.2, epsilon_high=0.28,
+        loss_type="dapo", scale_rewards="group", mask_truncated_completions=False,
+        max_steps=args.steps, seed=args.seed, data_seed=args.seed,
+        use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
+        logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
+        dataloader_num_workers=0, log_completions=False,
+    )
+
+
+def make_callback(threshold: float, stop: bool):
+    from transformers import TrainerCallback
+
+    class Timing(TrainerCallback):
+        """Per-step wall seconds (begin to end of each optimizer step), the logged mean reward of each
+        step, and the first step whose last-``WINDOW`` mean reward reaches ``threshold``."""
+
+        def __init__(self):
+            self.start = None
+            self.begin = None
+            self.seconds: list[float] = []
+            self.rewards: list[float] = []
+            self.reached = None  # {"step", "wall_s"}
+            self.threads = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.threads = torch.get_num_threads()
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.begin = time.perf_counter()
+            if self.start is None:
+                self.start = self.begin
+
+        def on_step_end(self, args, state, control, **kwargs):
+            self.seconds.append(time.perf_counter() - self.begin)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if not logs or "reward" not in logs:
+                return
+            self.rewards.append(float(logs["reward"]))
+            recent = self.rewards[-WINDOW:]
+            if self.reached is None and len(recent) == WINDOW and sum(recent) / WINDOW >= threshold:
+                self.reached = {"step": len(self.rewards), "wall_s": time.perf_counter() - self.start}
+                if stop:
+                    control.should_training_stop = True
+
+    return Timing()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="the tiny model dir (python -m rltrain.llm.tiny DIR)")
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--max-new-tokens", type=int, default=1)
+    parser.add_argument("--lr", type=float, default=3e-3)
+    parser.add_argument("--micro-batch-size", type=int, default=64, help="rltrain's test uses 64 (2 micro-batches)")
+    parser.add_argument("--threshold", type=float, default=0.8)
+    parser.add_argument("--no-stop", action="store_true", help="run all --steps even after the threshold")
+    parser.add_argument("--seed", type=int, default=0, help="the trainer's seed (model init is the model dir's)")
+    parser.add_argument("--task-seed", type=int, default=0, help="ReverseDigits' seed (the rows)")
+    parser.add_argument("--out", required=True, help="the JSON file to write")
+    args = parser.parse_args(argv)
+
+    for key, value in OFFLINE.items():  # before transformers is imported: nothing is downloaded
+        os.environ.setdefault(key, value)
+    torch.set_num_threads(1)
+    import datasets
+    import transformers
+    import trl
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, set_seed
+    from trl import GRPOTrainer
+
+    from rltrain.llm.tasks import ReverseDigits
+
+    set_seed(args.seed)
+    rows = ReverseDigits(length=1, seed=args.task_seed).take(args.steps * PROMPTS_PER_STEP)
+    dataset = datasets.Dataset.from_list(rows)
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    callback = make_callback(args.threshold, stop=not args.no_stop)
+    with tempfile.TemporaryDirectory(prefix="trl-grpo-") as out_dir:
+        config = grpo_config(args, out_dir)
+        trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=config, train_dataset=dataset,
+                              processing_class=tokenizer, callbacks=[callback])
+        trainer.remove_callback(PrinterCallback)  # its per-step log dicts: the JSON has what we need
+        wall = time.perf_counter()
+        trainer.train()
+        wall = time.perf_counter() - wall
+        config_dict = {k: v for k, v in config.to_dict().items() if k != "output_dir"}
+
+    seconds = callback.seconds
+    result = {
+        "what": "TRL GRPOTrainer on the tiny Qwen2 model, reverse D: -> D, CPU, 1 torch thread",
+        "command": " ".join([Path(sys.executable).as_posix(), *sys.argv]),
+        "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
+                     "datasets": datasets.__version__, "python": platform.python_version()},
+        "torch_threads_at_train_begin": callback.threads,
+        "max_new_tokens": args.max_new_tokens, "seed": args.seed, "task_seed": args.task_seed,
+        "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE,
+        "steps_run": len(seconds),
+        "step_seconds": seconds,
+        "step_seconds_median": statistics.median(seconds) if seconds else None,
+        "step_seconds_median_after_first": statistics.median(seconds[1:]) if len(seconds) > 1 else None,
+        "step_rewards": callback.rewards,
+        "threshold": args.threshold, "window": WINDOW,
+        "threshold_step": callback.reached and callback.reached["step"],
+        "threshold_wall_s": callback.reached and callback.reached["wall_s"],
+        "train_wall_s": wall,
+        "steps_wall_s": sum(seconds),
+        "grpo_config": json.loads(json.dumps(config_dict, default=str)),
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps({k: result[k] for k in ("versions", "steps_run", "step_seconds_median", "threshold_step",
+                                             "threshold_wall_s", "train_wall_s")}))
+
+
+if __name__ == "__main__":
+    main()
