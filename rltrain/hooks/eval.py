@@ -65,7 +65,7 @@ class EvalHook(Hook):
         SIGTERM) ends it within one env step: StopRequested, nothing recorded."""
         if self._env is None:
             self._env = self.make_env(num_envs=self.episodes)
-        stop = functools.partial(_raise_if_stopping, state)
+        stop = functools.partial(raise_if_stopping, state)
         returns, lengths = self._run_episodes(self._env, stop)
         if self.video:  # before anything is recorded: a stop request may end it too
             self._record(state.frames, stop)
@@ -124,6 +124,8 @@ class EvalHook(Hook):
             self._env.close()
 
 
-def _raise_if_stopping(state: TrainState) -> None:
+def raise_if_stopping(state: TrainState) -> None:
+    """An evaluation's check between two of its steps: StopRequested once SIGINT or SIGTERM asked the
+    run to stop (every evaluation hook asks it)."""
     if state.stop_signal is not None:
         raise StopRequested(f"evaluation stopped by {signal.Signals(state.stop_signal).name}")

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from rltrain.collectors.generation import score
 from rltrain.hooks.base import Every, Hook
-from rltrain.hooks.eval import _raise_if_stopping
+from rltrain.hooks.eval import raise_if_stopping
 from rltrain.llm.engine import Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.rewards import Rewards
@@ -59,7 +59,7 @@ class GenerationEvalHook(Hook):
         self.task.position = 0
         totals, each, lengths, cut = [], {}, [], []
         for start in range(0, self.prompts, self.batch_size):
-            _raise_if_stopping(state)
+            raise_if_stopping(state)
             rows = self.task.take(min(self.batch_size, self.prompts - start))
             texts = [self.model.prompt_text(self._engine.tokenizer, row["prompt"]) for row in rows]
             batch = score(self._engine.generate(texts, 1, self.sampling), rows, 1, self.rewards)
