@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -53,3 +54,9 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
 @pytest.fixture
 def cfg_factory():
     return make_config
+
+
+def without_package(monkeypatch, name: str) -> None:
+    """Make ``importlib.util.find_spec`` answer None for package ``name``, as if it were not installed."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda n, *a: None if n == name else real(n, *a))

@@ -14,6 +14,7 @@ from rltrain.errors import ConfigError, RunError
 from rltrain.llm.rewards import Rewards, correct_answer, follows_format, length_penalty
 from rltrain.llm.tasks import Arithmetic, Dataset, ReverseDigits
 from rltrain.llm.tiny import tiny_model_dir, write_tiny_model
+from tests.conftest import without_package
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
@@ -157,3 +158,37 @@ def test_a_dataset_that_cannot_be_read_is_named(content, name, match, tmp_path):
         path.write_text(content)
     with pytest.raises(ConfigError, match=match):
         Dataset(str(path))
+
+
+def test_a_parquet_file_gives_its_rows(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"prompt": f"{i}*2=", "answer": str(2 * i)} for i in range(20)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    task = Dataset(str(tmp_path / "rows.parquet"), eval_share=0.25)
+    every = {(r["prompt"], r["answer"]) for r in task.rows["train"] + task.rows["eval"]}
+    assert len(task.rows["train"]) == 15 and every == {(r["prompt"], r["answer"]) for r in rows}
+
+
+def test_a_hugging_face_dataset_gives_its_splits(tmp_path):
+    """A local dir of data files is a dataset to ``datasets.load_dataset`` (as a hub name is, with a network):
+    its splits by their files' names."""
+    data = tmp_path / "sums"
+    data.mkdir()
+    rows = [{"question": f"{i}+1=", "answer": str(i + 1)} for i in range(30)]
+    write_rows(data / "train.jsonl", rows[:20])
+    write_rows(data / "test.jsonl", rows[20:])
+    task = Dataset(str(data), prompt_key="question", eval_split="test")
+    assert sorted(r["prompt"] for r in task.take(20)) == sorted(r["question"] for r in rows[:20])
+    assert task.eval_split().take(10) == [{"answer": r["answer"], "prompt": r["question"]} for r in rows[20:]]
+    with pytest.raises(ConfigError, match=r"env.path=.*sums is no file, and datasets cannot load it as a dataset "
+                                          r"\(env.subset=None, split nope\)"):
+        Dataset(str(data), prompt_key="question", eval_split="nope")
+
+
+def test_a_dataset_name_without_datasets_names_the_pip_install(monkeypatch):
+    without_package(monkeypatch, "datasets")
+    with pytest.raises(ConfigError, match=r"env.path=org/name is no file; to read it as a Hugging Face dataset, "
+                                          r"install datasets: pip install 'rltrain\[datasets\]'"):
+        Dataset("org/name")

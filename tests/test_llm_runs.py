@@ -12,10 +12,9 @@ import torch
 
 from rltrain import build, checkpoint
 from rltrain.errors import ConfigError, RunError
-from rltrain.llm import model as llm_model
 from rltrain.llm.tiny import write_tiny_model
 from rltrain.validate import validate
-from tests.conftest import make_config, run_cli
+from tests.conftest import make_config, run_cli, without_package
 from tests.test_outputs import read_jsonl
 from tests.test_run_management import learning_rows, signal_at
 
@@ -109,9 +108,7 @@ def test_a_prompt_longer_than_the_context_is_refused(tmp_path):
 
 
 def test_without_transformers_the_pip_install_is_named(monkeypatch):
-    real = llm_model.importlib.util.find_spec
-    monkeypatch.setattr(llm_model.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "transformers" else real(name, *a))
+    without_package(monkeypatch, "transformers")
     with pytest.raises(ConfigError, match=r"needs transformers, which is not installed: pip install 'rltrain\[llm\]'"):
         validate(make_config("algo=grpo"))
 
@@ -168,9 +165,7 @@ def test_lora_trains_the_adapters_only_and_writes_the_merged_model_and_the_adapt
 
 
 def test_lora_without_peft_names_the_pip_install(monkeypatch):
-    real = llm_model.importlib.util.find_spec
-    monkeypatch.setattr(llm_model.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "peft" else real(name, *a))
+    without_package(monkeypatch, "peft")
     with pytest.raises(ConfigError, match=r"model.lora_rank=8 trains LoRA adapters with peft, which is not installed: "
                                           r"pip install 'rltrain\[lora\]'"):
         validate(make_config("algo=grpo", "model.lora_rank=8"))

@@ -7,12 +7,13 @@ have seen. Built in:
 
 - ``Arithmetic``: ``a+b=``, ``a-b=``, ``a*b=`` with operands of ``digits`` digits;
 - ``ReverseDigits``: ``reverse 4821:`` -> ``1284``, of ``length`` digits (``sort: true``: sort them);
-- ``Dataset``: the rows of a JSON Lines or Parquet file.
+- ``Dataset``: the rows of a JSON Lines or Parquet file, or of a Hugging Face dataset.
 """
 
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import random
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ SPLITS = ("train", "eval")
 SPLIT = OneOf(SPLITS)
 AT_LEAST_ONE = Integer(1)
 OPERATORS = "+-*"
+FILE_SUFFIXES = (".jsonl", ".json", ".parquet")  # a Dataset's files; any other path is a datasets name
 OPS = Satisfies(lambda v: isinstance(v, str) and v != "" and all(op in OPERATORS for op in v),
                 f"one or more of {OPERATORS!r}")
 
@@ -124,18 +126,23 @@ class ReverseDigits(Task):
 
 
 class Dataset(Task):
-    """Rows of a file: JSON Lines (``.jsonl``, one object per line) or Parquet (``.parquet``, with
-    pyarrow). ``prompt_key`` names the prompt's column; every other column reaches the reward
-    functions. The eval split is ``eval_path``'s rows, or else the last ``eval_share`` of the rows
-    (after a shuffle by ``seed``); train rows come in a new seeded order every pass over them."""
+    """Rows of a file, JSON Lines (``.jsonl``, one object per line) or Parquet (``.parquet``, with
+    pyarrow), or of a Hugging Face ``datasets`` dataset: any other ``path``, a hub name or a local dir
+    of data files (``subset``: its configuration; ``train_split``). ``prompt_key`` names the prompt's
+    column; every other column reaches the reward functions. The eval split is ``eval_path``'s rows (a
+    file, or a dataset's ``eval_split``), else the dataset's ``eval_split``, else the last
+    ``eval_share`` of the rows (after a shuffle by ``seed``); train rows come in a new seeded order
+    every pass over them."""
 
     def __init__(self, path: str, prompt_key: str = "prompt", eval_path: str | None = None,
                  eval_share: Annotated[float, Satisfies(lambda v: 0 < v < 1, "a number in (0, 1)")] = 0.1,
+                 subset: str | None = None, train_split: str = "train", eval_split: str | None = None,
                  seed: int = 0, split: str = "train"):
         super().__init__(seed, split)
-        rows = _read_rows(path, prompt_key)
-        if eval_path is not None:
-            train, evals = rows, _read_rows(eval_path, prompt_key)
+        rows = _read_rows(path, prompt_key, subset, train_split)
+        if eval_path is not None or eval_split is not None:
+            evals = _read_rows(eval_path or path, prompt_key, subset, eval_split or train_split)
+            train = rows
         else:
             order = random.Random(f"{seed}/split").sample(range(len(rows)), len(rows))
             cut = len(rows) - max(1, round(eval_share * len(rows)))
@@ -156,20 +163,51 @@ class Dataset(Task):
         return rows[random.Random(f"{self.seed}/train/{epoch}").sample(range(len(rows)), len(rows))[i]]
 
 
-def _read_rows(path: str, prompt_key: str) -> list[dict]:
-    """The file's rows, each with its prompt under ``prompt``; a ConfigError naming the file (and the
-    line) for a file that cannot be read, a row without the prompt column, or no rows at all."""
+def _read_rows(path: str, prompt_key: str, subset: str | None = None, split: str = "train") -> list[dict]:
+    """The rows of the file or dataset ``path``, each with its prompt under ``prompt``; a ConfigError
+    naming the file (and the line) for a file that cannot be read, a row without the prompt column,
+    or no rows at all."""
     file = Path(path).expanduser()
-    if not file.is_file():
+    if file.suffix in FILE_SUFFIXES and not file.is_file():
         raise ConfigError(f"env.path={path}: no such file; give a .jsonl or .parquet file of rows with a "
-                          f"{prompt_key!r} column")
+                          f"{prompt_key!r} column (or a Hugging Face dataset's name)")
+    raw = _file_rows(file, path) if file.is_file() else _dataset_rows(path, subset, split)
+    rows = []
+    for n, row in enumerate(raw, 1):
+        if not isinstance(row, dict) or not isinstance(row.get(prompt_key), str):
+            raise ConfigError(f"env.path={path}, row {n}: no {prompt_key!r} text (its keys: "
+                              f"{', '.join(row) if isinstance(row, dict) else type(row).__name__}); set "
+                              "env.prompt_key to the prompt's column")
+        rows.append({**{k: v for k, v in row.items() if k != prompt_key}, "prompt": row[prompt_key]})
+    if not rows:
+        raise ConfigError(f"env.path={path} holds no rows")
+    return rows
+
+
+def _dataset_rows(name: str, subset: str | None, split: str) -> list[dict]:
+    """The rows of split ``split`` of the Hugging Face dataset ``name`` (a hub name, or a local dir of
+    data files), through ``datasets.load_dataset``."""
+    if importlib.util.find_spec("datasets") is None:
+        raise ConfigError(f"env.path={name} is no file; to read it as a Hugging Face dataset, install datasets: "
+                          "pip install 'rltrain[datasets]' (or give a .jsonl or .parquet file)")
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, subset, split=split).to_list()
+    except Exception as e:  # noqa: BLE001  (no such dataset, split or subset; no network: many kinds)
+        raise ConfigError(f"env.path={name} is no file, and datasets cannot load it as a dataset (env.subset="
+                          f"{subset}, split {split}): {type(e).__name__}: {e}") from None
+
+
+def _file_rows(file: Path, path: str) -> list:
+    """The rows of a JSON Lines or Parquet file, as they are written."""
     if file.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
         except ImportError:
             raise ConfigError(f"env.path={path} is a Parquet file, which needs pyarrow: pip install pyarrow") from None
         raw = pq.read_table(file).to_pylist()
-    elif file.suffix in (".jsonl", ".json"):
+    elif file.suffix in FILE_SUFFIXES:
         raw = []
         for n, line in enumerate(file.read_text().splitlines(), 1):
             if not line.strip():
@@ -181,13 +219,4 @@ def _read_rows(path: str, prompt_key: str) -> list[dict]:
     else:
         raise ConfigError(f"env.path={path}: rltrain reads .jsonl and .parquet files "
                           f"(got {file.suffix or 'no suffix'})")
-    rows = []
-    for n, row in enumerate(raw, 1):
-        if not isinstance(row, dict) or not isinstance(row.get(prompt_key), str):
-            raise ConfigError(f"env.path={path}, row {n}: no {prompt_key!r} text (its keys: "
-                              f"{', '.join(row) if isinstance(row, dict) else type(row).__name__}); set "
-                              "env.prompt_key to the prompt's column")
-        rows.append({**{k: v for k, v in row.items() if k != prompt_key}, "prompt": row[prompt_key]})
-    if not rows:
-        raise ConfigError(f"env.path={path} holds no rows")
-    return rows
+    return raw
