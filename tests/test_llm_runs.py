@@ -169,3 +169,23 @@ def test_lora_without_peft_names_the_pip_install(monkeypatch):
     with pytest.raises(ConfigError, match=r"model.lora_rank=8 trains LoRA adapters with peft, which is not installed: "
                                           r"pip install 'rltrain\[lora\]'"):
         validate(make_config("algo=grpo", "model.lora_rank=8"))
+
+
+@pytest.mark.parametrize("chat_template", [True, False])
+def test_the_chat_template_wraps_each_prompt_unless_turned_off(chat_template, tmp_path):
+    from transformers import AutoTokenizer
+
+    path = write_tiny_model(tmp_path / "chat")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}"
+                               "{% if add_generation_prompt %}<assistant>{% endif %}")
+    tokenizer.save_pretrained(path)
+    trainer = build(make_config(*SHORT, f"model.path={path}", f"model.chat_template={chat_template}"),
+                    run_dir=tmp_path / "run")
+    try:
+        batch = next(iter(trainer.collector))
+    finally:
+        trainer.collector.close()
+        trainer.run_dir_lock.release()
+    prompt = tokenizer.decode(batch["prompt_ids"][0, 0], skip_special_tokens=True)
+    assert prompt == ("<user>reverse 6:<assistant>" if chat_template else "reverse 6:"), prompt
