@@ -311,6 +311,8 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     from rltrain.llm.model import LanguageModel, require_transformers
 
     env = cfg.env._target_.rsplit(".", 1)[-1]
+    for key in OmegaConf.missing_keys(cfg.env):
+        raise ConfigError(f"env.{key} is required by env={env}: give it on the command line, e.g. env.{key}=...")
     algo = parts["algo"][0]
     if TOKENS not in capability(algo, Algo, "ACTION_SPACES"):
         raise ConfigError(f"env._target_={cfg.env._target_} is a language task (prompts for a language model), which "

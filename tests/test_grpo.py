@@ -117,3 +117,23 @@ def test_the_learner_scores_tokens_at_the_temperature_they_were_sampled_at(tmp_p
         at_one = token_logprobs(engine.model, batch, 4)[0]
     assert (at_sampling - batch["log_prob"])[kept].abs().max() < 1e-4  # every ratio starts at 1
     assert (at_one - batch["log_prob"])[kept].abs().max() > 0.01
+
+
+def test_every_ratio_starts_at_one_whatever_top_p_and_the_model_s_own_generation_defaults(tmp_path):
+    """top_p narrows what is drawn, not the policy; a generation_config.json's repetition penalty or top_k
+    (an instruct model's) would make the sampler another policy than the learner's: the engine sets them aside."""
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
+    engine = TransformersEngine(model.load(), model.tokenizer())
+    engine.model.generation_config.repetition_penalty, engine.model.generation_config.top_k = 1.5, 3
+    rows = ReverseDigits(length=3).take(4)
+    sampling = Sampling(temperature=0.8, top_p=0.5, max_new_tokens=6)
+    generated = engine.generate([r["prompt"] for r in rows], 4, sampling, seed=2)
+    assert engine.model.generation_config.repetition_penalty == 1.5  # the model's own, as it was
+    engine.model.generation_config.repetition_penalty, engine.model.generation_config.top_k = 1.0, 50
+    plain = engine.generate([r["prompt"] for r in rows], 4, sampling, seed=2)
+    assert plain.completion_ids.equal(generated.completion_ids)  # drawn by `sampling` alone
+    batch = score(generated, rows, 4, Rewards({"correct": correct_answer})).reshape(-1)
+    with torch.no_grad():
+        learner = token_logprobs(engine.model, batch, 4, temperature=0.8)[0]
+    kept = batch["completion_mask"].bool()
+    assert (learner - batch["log_prob"])[kept].abs().max() < 1e-4

@@ -139,6 +139,9 @@ def test_a_dataset_file_gives_train_and_eval_rows_with_every_column(tmp_path):
     resumed = Dataset(path, prompt_key="question", eval_share=0.2, seed=1)
     resumed.load_state_dict({"position": 40})
     assert resumed.take(40) == second_pass
+    # The eval hook's task has a seed of its own: the held-out rows must not depend on it.
+    other_seed = Dataset(path, prompt_key="question", eval_share=0.2, seed=1_000_001)
+    assert other_seed.eval_split().take(10) == evals.eval_split().take(10)
     held_out = Dataset(path, prompt_key="question", eval_path=write_rows(tmp_path / "eval.jsonl", rows[:3]))
     assert held_out.eval_split().take(3) == [{"answer": r["answer"], "level": r["level"], "prompt": r["question"]}
                                             for r in rows[:3]]

@@ -76,7 +76,11 @@ def no_tokenizer(tmp_path_factory):
     (("model.path={no_tokenizer}",), r"model.path=.* has no tokenizer .*tokenizer.save_pretrained"),
     (("model.path={no_tokenizer}/..",), r"has no config.json: not a transformers model dir"),
     (("collector.group_size=1", "collector.frames_per_batch=16"),
-     r"collector.group_size=1 with algo.scale_rewards=true: a group of one completion has no std"),
+     r"collector.group_size=1 with algo=grpo: a group of one completion has no std"),
+    (("collector.group_size=1", "collector.frames_per_batch=16", "algo.scale_rewards=false"),
+     r"collector.group_size=1 with algo=grpo: a group of one completion has no spread to learn from"),
+    (("collector.greedy=true",), r"collector.greedy=true with algo=grpo: every completion of a group would be"),
+    (("env=dataset",), r"env.path is required by env=Dataset"),
     (("collector.frames_per_batch=100",), r"collector.frames_per_batch \(100\) must be a multiple of "
                                           r"collector.group_size \(8\)"),
     (("+env.rewards.bad._target_=os.sep",), r"env.rewards.bad._target_=os.sep is not callable"),

@@ -81,12 +81,16 @@ class GRPO:
 
     @classmethod
     def check_config(cls, values: dict, config: dict) -> None:
-        """A group of one completion has no spread to divide by (rltrain.rules: the config check asks this)."""
-        group = (config.get("collector") or {}).get("group_size")
-        if group == 1 and values["scale_rewards"]:
-            raise ConfigError("collector.group_size=1 with algo.scale_rewards=true: a group of one completion has no "
-                              "std to divide its advantage by (and no spread to learn from); use "
-                              "collector.group_size=2 or more")
+        """Groups that can teach something (rltrain.rules: the config check asks this): advantages are
+        relative to the group, so a group of one completion, or of greedy ones (all alike), has none."""
+        collector = config.get("collector") or {}
+        if collector.get("group_size") == 1:
+            why = ("has no std to divide its advantage by, and " if values["scale_rewards"] else "")
+            raise ConfigError(f"collector.group_size=1 with algo=grpo: a group of one completion {why}has no spread "
+                              "to learn from (its advantage is always 0); use collector.group_size=2 or more")
+        if collector.get("greedy"):
+            raise ConfigError("collector.greedy=true with algo=grpo: every completion of a group would be the same, "
+                              "and its advantage 0; set collector.greedy=false (the eval hook completes greedily)")
 
     def __init__(
         self,
@@ -95,7 +99,7 @@ class GRPO:
         max_new_tokens: PositiveInt,  # the collector's (Dr. GRPO's constant); set from collector.max_new_tokens
         temperature: PositiveNumber,  # the collector's: the policy is the model's distribution at it
         device: torch.device | str = "cpu",
-        lr: PositiveNumber = 3e-3,  # AdamW learning rate (the peak of the schedule)
+        lr: PositiveNumber = 1e-3,  # AdamW learning rate (the peak of the schedule)
         lr_schedule: Annotated[str, OneOf(SCHEDULES)] = "constant",  # constant | linear | cosine (to 0 at the end)
         warmup: Fraction = 0.0,  # share of trainer.total_frames over which the lr rises linearly from 0
         weight_decay: NonNegativeNumber = 0.0,  # AdamW weight decay

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from tensordict import TensorDict
 
+from rltrain.llm.model import base_model
 from rltrain.llm.prompt_cache import cache_name, prompt_pass
 from rltrain.rules import Flag, PositiveFraction, PositiveInt, PositiveNumber
 
@@ -113,8 +114,11 @@ class TransformersEngine(Engine):
                 torch.manual_seed(seed)
             out = self._generate(prompt_ids, prompt_mask, sampling, group_size)
         ids = out.sequences[:, prompt_ids.shape[1]:]
-        scores = torch.stack(out.scores, dim=1).float()  # [B, T, V]: the processed logits each token was drawn from
-        logprobs = torch.log_softmax(scores, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        # Each token's log-prob under the policy: the model's distribution at the sampling temperature, as the
+        # learner computes it (top_p narrows what is drawn, not the policy whose ratios the learner takes).
+        temperature = 1.0 if sampling.greedy else sampling.temperature
+        logits = torch.stack(out.logits, dim=1).float() / temperature  # [B, T, V]
+        logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
         lengths = [self._length(row, sampling.stop) for row in ids.tolist()]
         steps = torch.arange(ids.shape[1], device=ids.device)
         ends = torch.tensor([n for n, _ in lengths], device=ids.device)
@@ -125,18 +129,29 @@ class TransformersEngine(Engine):
                          torch.tensor([cut for _, cut in lengths], device=ids.device), texts, self.version)
 
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: Sampling, group_size: int):
-        """transformers' generation (KV cache) with the scores each token was drawn from. Each group's
-        prompt but its last token goes through the model once, and every completion of the group
-        starts from that cache (``rltrain.llm.prompt_cache``)."""
+        """transformers' generation (KV cache) with the raw logits of every step. Each group's prompt but
+        its last token goes through the model once, and every completion of the group starts from that
+        cache (``rltrain.llm.prompt_cache``). Tokens are drawn by ``sampling`` alone: the model's own
+        generation defaults (its generation_config.json: a repetition penalty, top_k, ...) are set
+        aside for the call, since the learner knows nothing of them."""
         tok, model = self.tokenizer, self.model
         drawn = {"do_sample": False} if sampling.greedy else {
             "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
         if group_size > 1 and ids.shape[1] > 1:
             drawn[cache_name(model)] = prompt_pass(model, ids[:, :-1], mask[:, :-1], group_size)[1]
-        return model.generate(input_ids=ids, attention_mask=mask, **drawn, max_new_tokens=sampling.max_new_tokens,
-                              pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                              stop_strings=list(sampling.stop) or None, tokenizer=tok if sampling.stop else None,
-                              output_scores=True, return_dict_in_generate=True)
+        from transformers import GenerationConfig
+
+        base = base_model(model)
+        own = base.generation_config
+        base.generation_config = GenerationConfig(bos_token_id=own.bos_token_id, eos_token_id=tok.eos_token_id,
+                                                  pad_token_id=tok.pad_token_id)
+        try:
+            return model.generate(input_ids=ids, attention_mask=mask, **drawn, max_new_tokens=sampling.max_new_tokens,
+                                  pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                                  stop_strings=list(sampling.stop) or None, tokenizer=tok if sampling.stop else None,
+                                  output_logits=True, return_dict_in_generate=True)
+        finally:
+            base.generation_config = own
 
     def _length(self, row: list[int], stop: tuple[str, ...]) -> tuple[int, bool]:
         """How many tokens of ``row`` the completion holds, and whether ``max_new_tokens`` cut it."""

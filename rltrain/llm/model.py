@@ -126,3 +126,8 @@ class LanguageModel:
             return prompt
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
+
+
+def base_model(model):
+    """The transformers model itself: under a peft model (LoRA), the model it wraps."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model

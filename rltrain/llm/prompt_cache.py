@@ -9,6 +9,8 @@ import inspect
 
 import torch
 
+from rltrain.llm.model import base_model
+
 
 def positions(mask: torch.Tensor) -> torch.Tensor:
     """Each token's position among the real (unmasked) tokens of its row: left padding does not count."""
@@ -18,8 +20,8 @@ def positions(mask: torch.Tensor) -> torch.Tensor:
 def cache_name(model) -> str:
     """The name of the KV cache among ``model.forward``'s arguments and outputs: ``cache`` in recent
     transformers 5 releases, ``past_key_values`` before (and deprecated since)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model  # a peft model passes it on
-    return "cache" if "cache" in inspect.signature(base.forward).parameters else "past_key_values"
+    forward = base_model(model).forward  # a peft model passes the argument on
+    return "cache" if "cache" in inspect.signature(forward).parameters else "past_key_values"
 
 
 def whole_groups(ids: torch.Tensor, group_size: int) -> bool:

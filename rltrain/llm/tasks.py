@@ -131,8 +131,8 @@ class Dataset(Task):
     of data files (``subset``: its configuration; ``train_split``). ``prompt_key`` names the prompt's
     column; every other column reaches the reward functions. The eval split is ``eval_path``'s rows (a
     file, or a dataset's ``eval_split``), else the dataset's ``eval_split``, else the last
-    ``eval_share`` of the rows (after a shuffle by ``seed``); train rows come in a new seeded order
-    every pass over them."""
+    ``eval_share`` of the rows (after a fixed shuffle: the same for every seed); train rows come in a
+    new order every pass over them, seeded by ``seed``."""
 
     def __init__(self, path: str, prompt_key: str = "prompt", eval_path: str | None = None,
                  eval_share: Annotated[float, Satisfies(lambda v: 0 < v < 1, "a number in (0, 1)")] = 0.1,
@@ -144,14 +144,15 @@ class Dataset(Task):
             evals = _read_rows(eval_path or path, prompt_key, subset, eval_split or train_split)
             train = rows
         else:
-            order = random.Random(f"{seed}/split").sample(range(len(rows)), len(rows))
+            # The same eval rows whatever the run's seed (the eval hook's task has a seed of its own).
+            order = random.Random("split").sample(range(len(rows)), len(rows))
             cut = len(rows) - max(1, round(eval_share * len(rows)))
             if cut < 1:
                 raise ConfigError(f"env.path={path} holds {len(rows)} row(s): too few to keep an eval split; "
                                   "give env.eval_path")
             train, evals = [rows[i] for i in order[:cut]], [rows[i] for i in order[cut:]]
         self.rows = {"train": train, "eval": evals}
-
+        self._order: tuple[int, list[int]] | None = None  # the train rows' order in the current pass
     def prompts_to_check(self) -> list[str]:
         return [row["prompt"] for rows in self.rows.values() for row in rows]
 
@@ -160,7 +161,9 @@ class Dataset(Task):
         epoch, i = divmod(index, len(rows))
         if self.split == "eval":
             return rows[i]  # the eval rows in their order, every time
-        return rows[random.Random(f"{self.seed}/train/{epoch}").sample(range(len(rows)), len(rows))[i]]
+        if self._order is None or self._order[0] != epoch:
+            self._order = epoch, random.Random(f"{self.seed}/train/{epoch}").sample(range(len(rows)), len(rows))
+        return rows[self._order[1][i]]
 
 
 def _read_rows(path: str, prompt_key: str, subset: str | None = None, split: str = "train") -> list[dict]:
