@@ -1,10 +1,10 @@
-"""Language models as policies: verifiable tasks (prompts, reference answers, reward functions) and
-the tiny causal LM that tests and the built-in examples train without downloading anything.
-
-Generation as a collector (an engine interface: transformers in-process, then vLLM) and ``algo=grpo``
-build on these parts. Needs the ``llm`` extra (transformers, with tokenizers).
+"""Language models as policies: the ``model`` node (``LanguageModel``), verifiable tasks (prompts,
+reference answers, reward functions), the generation engine, and the tiny causal LM that tests and
+the built-in examples train without downloading anything. ``collector=generation`` and
+``algo=grpo`` use these parts. Needs the ``llm`` extra (transformers, with tokenizers); importing
+this package does not import transformers.
 """
 
-from rltrain.llm.model import LanguageModel  # noqa: E402
+from rltrain.llm.model import LanguageModel
 
 __all__ = ["LanguageModel"]
