@@ -282,11 +282,16 @@ def _env_and_policy(cfg: DictConfig) -> tuple[functools.partial, EnvSpec | TaskS
     """What makes the env and the policy (plain functools.partial factories of plain values: they pickle
     into spawned worker processes), and the env's spec, read from one env made for it. A language
     task's "env" is the task (one stream of prompts), and its policy the model of ``cfg.model``."""
-    make_env = _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), **_runtime("env", seed=cfg.seed))
+    make_env = env_maker(cfg)
     if is_language_task(cfg):
         return make_env, make_env().spec, _construct(cfg.model).load
     env_spec = _probe_spec(make_env)
     return make_env, env_spec, _plain_partial(cfg.algo.network, **_runtime("algo.network", env_spec=env_spec))
+
+
+def env_maker(cfg: DictConfig) -> functools.partial:
+    """What makes ``cfg.env``'s env (a language task: the task), seeded by the run's seed."""
+    return _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), **_runtime("env", seed=cfg.get("seed", 0)))
 
 
 def is_language_task(cfg: DictConfig) -> bool:

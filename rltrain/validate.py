@@ -307,7 +307,7 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     """A language task: an algo, collector and model for it, reward functions that are functions, a
     model that loads, and prompts that fit its context with room for the completion."""
     from rltrain.collectors.generation import GenerationCollector
-    from rltrain.factory import task_rewards
+    from rltrain.factory import env_maker, task_rewards
     from rltrain.llm.model import LanguageModel, require_transformers
 
     env = cfg.env._target_.rsplit(".", 1)[-1]
@@ -335,15 +335,8 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
             raise ConfigError(f"env.rewards.{name}._target_={node._target_} is not callable; give a function "
                               "(prompt, completion, **row) -> float")
     task_rewards(cfg)  # the weights name rewards that exist
-    task = _make_task(cfg)
+    task = env_maker(cfg)()  # a dataset's file read: a ConfigError names what is wrong in it
     _check_prompt_lengths(model, task, parts["collector"][1].get("max_new_tokens", 16))
-
-
-def _make_task(cfg: DictConfig):
-    """The task ``cfg.env`` describes (reading a dataset's file: a ConfigError names what is wrong in it)."""
-    from rltrain.factory import WIRING_KEYS, _plain_partial, _without
-
-    return _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), seed=cfg.get("seed", 0))()
 
 
 def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:

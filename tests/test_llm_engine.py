@@ -7,12 +7,14 @@ import pytest
 import torch
 
 from rltrain.llm.engine import Sampling, TransformersEngine
+from rltrain.llm.model import LanguageModel
 from rltrain.llm.tiny import write_tiny_model
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    return TransformersEngine.load(write_tiny_model(tmp_path_factory.mktemp("model") / "tiny"))
+    model = LanguageModel(str(write_tiny_model(tmp_path_factory.mktemp("model") / "tiny")))
+    return TransformersEngine(model.load(), model.tokenizer())
 
 
 def recomputed_logprobs(engine, g):

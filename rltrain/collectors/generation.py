@@ -72,12 +72,10 @@ class GenerationCollector(Collector):
         self.receiver.poll()
         self.engine.version = self.receiver.version
         rows = self.task.take(self.prompts_per_batch)
-        prompts = [self.model.prompt_text(self.engine.tokenizer, row["prompt"]) for row in rows]
-        start = time.perf_counter()
-        generated = self.engine.generate(prompts, self.group_size, self.sampling, seed=self.seed + self.batches)
-        seconds = time.perf_counter() - start
+        batch = complete(self.engine, self.model, rows, self.group_size, self.sampling, self.rewards,
+                         seed=self.seed + self.batches)
         self.batches += 1
-        return score(generated, rows, self.group_size, self.rewards, seconds)
+        return batch
 
     def state_dict(self) -> dict:
         """Where the task is (its next prompt), and the seed and count of the batches drawn (batch n
@@ -91,6 +89,16 @@ class GenerationCollector(Collector):
     def close(self) -> None:
         self.receiver.close()
         self.engine.close()
+
+
+def complete(engine: TransformersEngine, model: LanguageModel, rows: list[dict], group_size: int,
+             sampling: Sampling, rewards: Rewards, seed: int | None = None) -> TensorDict:
+    """``group_size`` completions of each row's prompt, as the model reads it (``model.prompt_text``),
+    scored: the collector's batches and the eval hook's (with the seconds generation took)."""
+    prompts = [model.prompt_text(engine.tokenizer, row["prompt"]) for row in rows]
+    start = time.perf_counter()
+    generated = engine.generate(prompts, group_size, sampling, seed=seed)
+    return score(generated, rows, group_size, rewards, time.perf_counter() - start)
 
 
 def score(generated, rows: list[dict], group_size: int, rewards: Rewards, generate_s: float = 0.0) -> TensorDict:

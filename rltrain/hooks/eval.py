@@ -24,7 +24,41 @@ from rltrain.stop_signals import StopRequested
 log = logging.getLogger("rltrain")
 
 
-class EvalHook(Hook):
+class Evaluation(Hook):
+    """What every evaluation hook shares: ``evaluate(state)`` on the schedule and at the end, never
+    twice at one frame count (a scheduled one, then at_end's), and its result recorded the same way
+    (``record``), which checkpoints keep (``evaluated_at``)."""
+
+    phase = "eval"
+
+    def __init__(self, every: Every = None, at_end: Flag = True):
+        super().__init__(every, at_end)
+        self._evaluated_at: int | None = None  # frames of the latest evaluation
+
+    def on_update(self, state: TrainState) -> None:
+        if self._evaluated_at != state.frames:
+            self.evaluate(state)
+
+    def evaluate(self, state: TrainState) -> float:
+        """Evaluate the learner's policy, ``record`` the result and return its mean return."""
+        raise NotImplementedError
+
+    def record(self, state: TrainState, mean_return: float, metrics: dict[str, float]) -> float:
+        """The evaluation's mean return (summary.json's ``eval_return``) and its other ``eval/`` metrics,
+        as the latest values, not a mean over the log row: the last row and summary.json agree."""
+        self._evaluated_at = state.frames
+        state.evals.add(mean_return)
+        state.window.set({"eval/return": mean_return, **metrics})
+        return mean_return
+
+    def state_dict(self) -> dict:
+        return {"evaluated_at": self._evaluated_at}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._evaluated_at = state["evaluated_at"]
+
+
+class EvalHook(Evaluation):
     """Runs ``episodes`` episodes on its schedule (``every``; null: never) and at the end of the run (``at_end``).
 
     Logs ``eval/return`` and ``eval/episode_length``; the final mean becomes ``eval_return`` in
@@ -32,8 +66,6 @@ class EvalHook(Hook):
     ``<run_dir>/videos/eval-frames_<N>-episode-0.mp4`` with gymnasium's RecordVideo (needs
     moviepy and the env's renderer: ``pip install 'rltrain[video]'``).
     """
-
-    phase = "eval"
 
     def __init__(
         self,
@@ -54,11 +86,6 @@ class EvalHook(Hook):
         self.video, self.video_dir = video, Path(run_dir) / "videos"
         self.deterministic = deterministic
         self._env: BatchedEnv | None = None
-        self._evaluated_at: int | None = None  # frames of the latest evaluation
-
-    def on_update(self, state: TrainState) -> None:
-        if self._evaluated_at != state.frames:  # not twice at one frame count (a scheduled one, then at_end)
-            self.evaluate(state)
 
     def evaluate(self, state: TrainState) -> float:
         """One episode per eval env; returns the mean episode return. A stop request (SIGINT,
@@ -69,17 +96,7 @@ class EvalHook(Hook):
         returns, lengths = self._run_episodes(self._env, stop)
         if self.video:  # before anything is recorded: a stop request may end it too
             self._record(state.frames, stop)
-        mean_return, self._evaluated_at = float(returns.mean()), state.frames
-        state.evals.add(mean_return)
-        # The latest, not a mean over the log row: the last row and summary.json show the same return.
-        state.window.set({"eval/return": mean_return, "eval/episode_length": float(lengths.mean())})
-        return mean_return
-
-    def state_dict(self) -> dict:
-        return {"evaluated_at": self._evaluated_at}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._evaluated_at = state["evaluated_at"]
+        return self.record(state, float(returns.mean()), {"eval/episode_length": float(lengths.mean())})
 
     def _run_episodes(self, env: BatchedEnv, stop: Callable[[], None]) -> tuple[np.ndarray, np.ndarray]:
         """One episode in each of ``env``'s envs: (returns, lengths); ``stop()`` before each step

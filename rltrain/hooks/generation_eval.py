@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from rltrain.collectors.generation import score
-from rltrain.hooks.base import Every, Hook
-from rltrain.hooks.eval import raise_if_stopping
+from rltrain.collectors.generation import complete
+from rltrain.hooks.base import Every
+from rltrain.hooks.eval import Evaluation, raise_if_stopping
 from rltrain.llm.engine import Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.rewards import Rewards
@@ -16,7 +16,7 @@ from rltrain.rules import Flag, PositiveInt
 from rltrain.state import TrainState
 
 
-class GenerationEvalHook(Hook):
+class GenerationEvalHook(Evaluation):
     """Completes ``prompts`` eval prompts greedily (the most likely token each step), ``batch_size`` at a
     time, on its schedule (``every``; null: never) and at the end of the run (``at_end``).
 
@@ -24,8 +24,6 @@ class GenerationEvalHook(Hook):
     mean total reward; summary.json's ``eval_return``), ``eval/reward/<name>`` (each function's
     mean: ``correct`` is the accuracy), ``eval/completion_length`` and ``eval/truncated``.
     """
-
-    phase = "eval"
 
     def __init__(
         self,
@@ -45,11 +43,6 @@ class GenerationEvalHook(Hook):
         self.prompts, self.batch_size = prompts, batch_size
         self.sampling = Sampling(max_new_tokens=max_new_tokens, stop=tuple(stop or ()), greedy=True)
         self._engine: TransformersEngine | None = None
-        self._evaluated_at: int | None = None
-
-    def on_update(self, state: TrainState) -> None:
-        if self._evaluated_at != state.frames:  # not twice at one frame count (a scheduled one, then at_end)
-            self.evaluate(state)
 
     def evaluate(self, state: TrainState) -> float:
         """The mean total reward of greedy completions of the eval prompts; a stop request (SIGINT,
@@ -61,23 +54,12 @@ class GenerationEvalHook(Hook):
         for start in range(0, self.prompts, self.batch_size):
             raise_if_stopping(state)
             rows = self.task.take(min(self.batch_size, self.prompts - start))
-            texts = [self.model.prompt_text(self._engine.tokenizer, row["prompt"]) for row in rows]
-            batch = score(self._engine.generate(texts, 1, self.sampling), rows, 1, self.rewards)
+            batch = complete(self._engine, self.model, rows, 1, self.sampling, self.rewards)
             totals += batch["reward"].reshape(-1).tolist()
             for name, values in batch["rewards"].items():
                 each.setdefault(name, []).extend(values.reshape(-1).tolist())
             lengths += batch["episode_length"].reshape(-1).tolist()
             cut += batch["truncated"].reshape(-1).tolist()
-        mean_return, self._evaluated_at = sum(totals) / len(totals), state.frames
-        state.evals.add(mean_return)
-        metrics = {"eval/return": mean_return, "eval/completion_length": sum(lengths) / len(lengths),
-                   "eval/truncated": sum(cut) / len(cut)}
+        metrics = {"eval/completion_length": sum(lengths) / len(lengths), "eval/truncated": sum(cut) / len(cut)}
         metrics.update({f"eval/reward/{name}": sum(v) / len(v) for name, v in each.items()})
-        state.window.set(metrics)  # the latest, not a mean over the log row (as EvalHook)
-        return mean_return
-
-    def state_dict(self) -> dict:
-        return {"evaluated_at": self._evaluated_at}
-
-    def load_state_dict(self, state: dict) -> None:
-        self._evaluated_at = state["evaluated_at"]
+        return self.record(state, sum(totals) / len(totals), metrics)

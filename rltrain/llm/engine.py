@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from tensordict import TensorDict
@@ -94,13 +93,6 @@ class TransformersEngine(Engine):
         self.model, self.tokenizer = model, tokenizer
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set one (tokenizer.pad_token = tokenizer.eos_token)")
-
-    @classmethod
-    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device).eval()
-        return cls(model, AutoTokenizer.from_pretrained(path, padding_side="left"))
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
