@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.utils import get_class, instantiate
+from hydra.utils import get_class, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint, process_groups
@@ -297,9 +297,9 @@ def env_maker(cfg: DictConfig) -> functools.partial:
 def is_language_task(cfg: DictConfig) -> bool:
     """Whether ``cfg.env`` is a language task (``rltrain.llm.tasks.Task``): prompts for a language model."""
     target = cfg.env.get("_target_") if isinstance(cfg.get("env"), DictConfig) else None
-    try:
-        cls = get_class(target) if isinstance(target, str) else None
-    except (ImportError, ValueError):  # a function (make_envs), or a target the config check names
+    try:  # get_object, not get_class: get_class logs an error line for a function target (make_envs)
+        cls = get_object(target) if isinstance(target, str) else None
+    except (ImportError, ValueError):  # a target the config check names
         return False
     return isinstance(cls, type) and issubclass(cls, Task)
 
