@@ -26,6 +26,7 @@ CHARACTERS = string.digits + string.ascii_letters + " +-*/=?:,.()<>[]'\"!\n"
 _PRINTABLE = {*range(33, 127), *range(161, 173), *range(174, 256)}  # bytes that are their own symbol
 _SHIFTED = [b for b in range(256) if b not in _PRINTABLE]
 _MADE = "rltrain_tiny.json"  # written last: a dir without it was cut short and is made again
+_FORMAT = 2  # in _MADE; a cached dir of another format is made again (1: 16-wide heads, which vLLM's CPU build refuses)
 
 
 def make_tokenizer():
@@ -51,15 +52,19 @@ def _byte_level(char: str) -> str:
     return char if code in _PRINTABLE else chr(256 + _SHIFTED.index(code))
 
 
-def make_model(vocab_size: int, arch: str = "qwen2", hidden_size: int = 64, layers: int = 2, heads: int = 4,
-               kv_heads: int = 2, context: int = 256, seed: int = 0, pad_token_id: int = 0, bos_token_id: int = 1,
-               eos_token_id: int = 2):
-    """A randomly initialised causal LM of ``arch`` (Qwen2 or Llama: the architectures vLLM serves too)."""
+def make_model(vocab_size: int, arch: str = "qwen2", hidden_size: int = 64, layers: int = 2,
+               heads: int | None = None, kv_heads: int | None = None, context: int = 256, seed: int = 0,
+               pad_token_id: int = 0, bos_token_id: int = 1, eos_token_id: int = 2):
+    """A randomly initialised causal LM of ``arch`` (Qwen2 or Llama: the architectures vLLM serves too).
+    Heads are 32 wide unless ``heads`` says otherwise (vLLM's CPU attention takes 32, 64, 80, ... but not 16),
+    with half as many key/value heads."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     if arch not in ARCHS:
         raise ValueError(f"arch must be one of {', '.join(ARCHS)} (got {arch!r})")
+    heads = heads or max(1, hidden_size // 32)
+    kv_heads = kv_heads or max(1, heads // 2)
     config_cls, model_cls = {"qwen2": (Qwen2Config, Qwen2ForCausalLM), "llama": (LlamaConfig, LlamaForCausalLM)}[arch]
     config = config_cls(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
@@ -80,7 +85,7 @@ def write_tiny_model(path: str | Path, arch: str = "qwen2", seed: int = 0, **siz
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     model.save_pretrained(staging)
     tokenizer.save_pretrained(staging)
-    (staging / _MADE).write_text(json.dumps({"arch": arch, "seed": seed, **sizes}) + "\n")
+    (staging / _MADE).write_text(json.dumps({"format": _FORMAT, "arch": arch, "seed": seed, **sizes}) + "\n")
     staging.chmod(0o755)  # mkdtemp makes it private
     staging.replace(path)
     return path
@@ -90,15 +95,23 @@ def tiny_model_dir(name: str = "tiny-qwen2", arch: str = "qwen2", seed: int = 0)
     """The dir of the tiny model ``name`` in rltrain's cache, made on first use."""
     root = Path(os.environ.get("RLTRAIN_CACHE", Path.home() / ".cache" / "rltrain")) / "models"
     path = root / name
-    if not (path / _MADE).exists():
-        if path.exists():  # cut short by a crash: make it again
+    if not _made(path):
+        if path.exists():  # cut short by a crash, or of an older format: make it again
             shutil.rmtree(path)
         try:
             write_tiny_model(path, arch, seed)
         except OSError:
-            if not (path / _MADE).exists():  # not another process that made it first
+            if not _made(path):  # not another process that made it first
                 raise
     return path
+
+
+def _made(path: Path) -> bool:
+    """Whether ``path`` holds a whole tiny model dir of this format."""
+    try:
+        return json.loads((path / _MADE).read_text()).get("format") == _FORMAT
+    except (OSError, ValueError):
+        return False
 
 
 def main(argv: list[str] | None = None) -> None:
