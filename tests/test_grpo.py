@@ -1,15 +1,19 @@
 """GRPO through the trainer, as ``python -m rltrain algo=grpo`` runs it: the tiny model made here learns a
 verifiable task from random weights; pushed weights reach the engine whole; a truncated completion is
-masked or kept as the user chose."""
+masked or kept as the user chose; truncated importance sampling weighs each token by how much likelier the
+learner finds it than the sampler did."""
 
 from __future__ import annotations
 
 import json
+import math
 
+import pytest
 import torch
 
 from rltrain import build
 from rltrain.algos.grpo import GRPO, token_logprobs
+from rltrain.algos.grpo_loss import Normalizer, aggregate, group_advantages, tis_weights, token_losses
 from rltrain.collectors.generation import score
 from rltrain.llm.engine import Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
@@ -137,3 +141,85 @@ def test_every_ratio_starts_at_one_whatever_top_p_and_the_model_s_own_generation
         learner = token_logprobs(engine.model, batch, 4, temperature=0.8)[0]
     kept = batch["completion_mask"].bool()
     assert (learner - batch["log_prob"])[kept].abs().max() < 1e-4
+
+
+@pytest.fixture
+def sampled(tmp_path):
+    """The tiny model, and a batch its engine sampled (so with the learner's log-probs) whose every group has
+    a spread of rewards."""
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
+    engine = TransformersEngine(model.load(), model.tokenizer())
+    rows = ReverseDigits(length=2).take(4)
+    generated = engine.generate([r["prompt"] for r in rows], 4, Sampling(max_new_tokens=3), seed=0)
+    batch = score(generated, rows, 4, Rewards({"correct": correct_answer}))
+    batch["reward"] = torch.arange(16.0).view(4, 4)
+    return model, batch
+
+
+def step(policy, batch, **algo) -> tuple[list[torch.Tensor], dict[str, float]]:
+    """The gradient of ``policy``'s last pass of one GRPO update (unclipped: as the loss gives it), and the metrics."""
+    metrics = GRPO(policy, total_frames=16, max_new_tokens=3, temperature=1.0, lr=1e-2, max_grad_norm=1e9,
+                   **algo).update(batch)
+    return [p.grad.clone() for p in policy.parameters()], metrics
+
+
+def sampled_at(batch, ratio: float):
+    """``batch`` as if its sampler had given each token ``1 / ratio`` times the learner's probability."""
+    shifted = batch.clone()
+    shifted["log_prob"] = batch["log_prob"] - math.log(ratio)
+    return shifted
+
+
+def close(grads, expected, rtol=1e-3) -> bool:
+    return all(torch.allclose(g, e, rtol=rtol, atol=1e-6) for g, e in zip(grads, expected))
+
+
+def reference_gradient(policy, batch, old_logp, cap: float | None) -> list[torch.Tensor]:
+    """The gradient of GRPO's token-mean loss on ``batch``, by hand (one pass, not micro-batches)."""
+    flat = batch.reshape(-1)
+    mask = flat["completion_mask"].float()
+    advantages, _ = group_advantages(flat["reward"], 4)
+    policy.zero_grad()
+    logp = token_logprobs(policy, flat, 4)[0]
+    weight = None if cap is None else tis_weights(old_logp, flat["log_prob"], cap)
+    losses = token_losses(logp, old_logp, advantages, 0.2, 0.28, is_weight=weight)
+    aggregate(losses, mask, "token_mean", Normalizer.of(mask, 3)).backward()
+    return [p.grad.clone() for p in policy.parameters()]
+
+
+def test_tis_weighs_each_token_by_the_sampler_s_ratio_up_to_the_cap(sampled):
+    model, batch = sampled
+    plain, _ = step(model.load(), batch, tis_cap=None)  # the engine's log-probs are the learner's: every ratio 1
+    assert max(g.abs().max().item() for g in plain) > 1e-3
+    for ratio, weight in ((1.5, 1.5), (4.0, 2.0)):  # below the cap of 2, then over it: truncated
+        grads, metrics = step(model.load(), sampled_at(batch, ratio), tis_cap=2.0)
+        assert close(grads, [weight * g for g in plain])
+        assert metrics["grpo/tis/ratio_mean"] == pytest.approx(ratio, rel=1e-3)
+        assert metrics["grpo/tis/ratio_max"] == pytest.approx(ratio, rel=1e-3)
+        assert metrics["grpo/tis/truncated"] == (1.0 if ratio > 2 else 0.0)
+        assert metrics["grpo/tis/ess"] == pytest.approx(1.0)  # all tokens weigh alike
+        assert metrics["grpo/clip_fraction"] == 0.0  # the ratio is against the learner before the update: 1
+
+
+def test_a_null_cap_takes_the_ratio_against_the_sampling_log_probs_and_weighs_nothing(sampled):
+    model, batch = sampled
+    batch = sampled_at(batch, 1.5)
+    grads, metrics = step(model.load(), batch, tis_cap=None)
+    expected = reference_gradient(model.load().train(), batch, batch.reshape(-1)["log_prob"], cap=None)
+    assert close(grads, expected, rtol=1e-5)
+    assert metrics["grpo/clip_fraction"] > 0.5 and metrics["grpo/ratio_max"] == pytest.approx(1.5, rel=1e-3)
+    assert not any(k.startswith("grpo/tis/") for k in metrics)
+
+
+def test_a_second_epoch_takes_the_ratio_against_the_learner_before_the_first(sampled):
+    model, batch = sampled
+    batch = sampled_at(batch, 1.5)
+    once = model.load()
+    step(once, batch, tis_cap=2.0, micro_batch_size=8)  # the weights the second epoch starts from
+    grads, _ = step(model.load(), batch, tis_cap=2.0, epochs=2, micro_batch_size=8)
+    flat = batch.reshape(-1)
+    with torch.no_grad():
+        before = token_logprobs(model.load(), flat, 4)[0]
+        after_one = token_logprobs(once, flat, 4)[0]
+    assert close(grads, reference_gradient(once.train(), batch, before, cap=2.0), rtol=1e-4)
+    assert not close(grads, reference_gradient(once.train(), batch, after_one, cap=2.0), rtol=0.1)

@@ -1,5 +1,6 @@
 """GRPO's arithmetic against a step-by-step reference: group advantages, the clipped token surrogate,
-the KL penalty and the three aggregations; micro-batches add up to the batch; padding never counts."""
+the KL penalty, truncated importance sampling and the three aggregations; micro-batches add up to the
+batch; padding never counts."""
 
 from __future__ import annotations
 
@@ -9,9 +10,18 @@ import statistics
 import pytest
 import torch
 
-from rltrain.algos.grpo_loss import AGGREGATIONS, Normalizer, aggregate, group_advantages, kl_k3, token_losses
+from rltrain.algos.grpo_loss import (
+    AGGREGATIONS,
+    Normalizer,
+    aggregate,
+    group_advantages,
+    kl_k3,
+    tis_diagnostics,
+    tis_weights,
+    token_losses,
+)
 
-CLIP_LOW, CLIP_HIGH, KL_COEF, MAX_TOKENS = 0.2, 0.28, 0.05, 9
+CLIP_LOW, CLIP_HIGH, KL_COEF, MAX_TOKENS, TIS_CAP = 0.2, 0.28, 0.05, 9, 2.0
 
 
 def test_group_advantages_match_a_loop_over_groups():
@@ -38,8 +48,13 @@ def batch(seed: int = 0, sequences: int = 6, width: int = 9):
     return new, old, ref, adv, mask
 
 
-def reference_loss(new, old, ref, adv, mask, how):
-    """One token at a time, as the papers write it."""
+def sampler_logprobs(old, seed: int = 0):
+    """What another engine (or weights a version behind) gave the same tokens: some ratios over TIS_CAP."""
+    return old - torch.randn(old.shape, generator=torch.Generator().manual_seed(seed)) * 0.6
+
+
+def reference_loss(new, old, ref, adv, mask, how, sampling=None):
+    """One token at a time, as the papers write it (Yao et al. 2025's truncated weight when ``sampling``)."""
     per_sequence, total, tokens = [], 0.0, 0
     for i in range(new.shape[0]):
         seq = []
@@ -49,6 +64,8 @@ def reference_loss(new, old, ref, adv, mask, how):
             ratio = math.exp(new[i, t] - old[i, t])
             clipped = min(max(ratio, 1 - CLIP_LOW), 1 + CLIP_HIGH)
             surrogate = min(ratio * adv[i], clipped * adv[i])
+            if sampling is not None:
+                surrogate *= min(math.exp(old[i, t] - sampling[i, t]), TIS_CAP)
             d = float(ref[i, t] - new[i, t])
             seq.append(-surrogate + KL_COEF * (math.exp(d) - d - 1))
         per_sequence.append(sum(seq) / max(1, len(seq)))
@@ -105,3 +122,50 @@ def test_the_clip_is_asymmetric_and_k3_is_never_negative():
     assert torch.allclose(low[:, 0], torch.tensor([-0.5, 0.8]))
     assert (kl_k3(torch.randn(100), torch.randn(100)) >= 0).all()
     assert kl_k3(torch.ones(3), torch.ones(3)).abs().max() == 0
+
+
+@pytest.mark.parametrize("how", AGGREGATIONS)
+def test_the_tis_weighted_loss_matches_the_reference_for_each_aggregation(how):
+    new, old, ref, adv, mask = batch(seed=3)
+    sampling = sampler_logprobs(old)
+    ratio = torch.exp(old - sampling)[mask.bool()]
+    assert (ratio > TIS_CAP).any() and (ratio < 1).any()  # some weights truncated, some below 1
+    losses = token_losses(new, old, adv, CLIP_LOW, CLIP_HIGH, ref, KL_COEF, tis_weights(old, sampling, TIS_CAP))
+    loss = aggregate(losses, mask, how, Normalizer.of(mask, MAX_TOKENS))
+    assert math.isclose(loss.item(), reference_loss(new, old, ref, adv, mask, how, sampling), rel_tol=1e-5)
+    unweighted = aggregate(token_losses(new, old, adv, CLIP_LOW, CLIP_HIGH, ref, KL_COEF), mask, how,
+                           Normalizer.of(mask, MAX_TOKENS))
+    assert math.isclose(unweighted.item(), reference_loss(new, old, ref, adv, mask, how), rel_tol=1e-5)
+    assert not math.isclose(loss.item(), unweighted.item(), rel_tol=1e-2)
+
+
+def test_the_weights_are_truncated_at_the_cap_and_carry_no_gradient():
+    old = torch.zeros(1, 4, requires_grad=True)
+    sampling = torch.log(torch.tensor([[2.0, 1.0, 0.5, 0.1]]))  # ratios 0.5, 1, 2 and 10
+    weights = tis_weights(old, sampling, cap=3.0)
+    assert torch.allclose(weights, torch.tensor([[0.5, 1.0, 2.0, 3.0]])) and not weights.requires_grad
+
+
+def test_the_weight_scales_the_surrogate_and_not_the_kl_penalty():
+    new, old, ref, adv, mask = batch(seed=4)
+    plain = token_losses(new, old, adv, CLIP_LOW, CLIP_HIGH, ref, KL_COEF)
+    kl = KL_COEF * kl_k3(new, ref)
+    doubled = token_losses(new, old, adv, CLIP_LOW, CLIP_HIGH, ref, KL_COEF, torch.full_like(new, 2.0))
+    assert torch.allclose(doubled, 2 * (plain - kl) + kl)
+    zero = token_losses(new, old, adv, CLIP_LOW, CLIP_HIGH, ref, KL_COEF, torch.zeros_like(new))
+    assert torch.allclose(zero, kl)
+
+
+def test_the_diagnostics_match_a_hand_computation():
+    old = torch.zeros(2, 3)
+    sampling = torch.log(torch.tensor([[2.0, 1.0, 0.25], [0.5, 1.0, 1e-9]]))  # ratios 0.5 1 4 / 2 1 (padding)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    got = tis_diagnostics(old, sampling, mask, cap=3.0)
+    weights = [0.5, 1.0, 3.0, 2.0, 1.0]  # 4 truncated to 3; the padded 1e9 never counts
+    ess = sum(weights) ** 2 / (len(weights) * sum(w * w for w in weights))
+    assert got == pytest.approx({"ratio_mean": (0.5 + 1 + 4 + 2 + 1) / 5, "ratio_max": 4.0, "ess": ess,
+                                 "truncated": 1 / 5})
+    same = tis_diagnostics(old, torch.full((2, 3), -2.0), mask, cap=3.0)  # every ratio e^2 = 7.4, every weight 3
+    assert same == pytest.approx({"ratio_mean": math.exp(2), "ratio_max": math.exp(2), "ess": 1.0, "truncated": 1.0})
+    nothing = tis_diagnostics(old, sampling, torch.zeros(2, 3), cap=3.0)
+    assert nothing == {"ratio_mean": 0.0, "ratio_max": 0.0, "ess": 0.0, "truncated": 0.0}

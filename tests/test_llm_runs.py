@@ -95,6 +95,7 @@ def no_tokenizer(tmp_path_factory):
     (("sync=pipe",), r"sync=pipe sends weights to worker processes"),
     (("sync=none",), r"algo=grpo with sync=none: GRPO's ratios"),
     (("model.dtype=int8",), r"model.dtype must be one of float32, bfloat16, float16"),
+    (("algo.tis_cap=0.5",), r"algo.tis_cap must be a number >= 1, or null \(the ratio against the sampling"),
 ])
 def test_bad_input_is_refused_before_anything_loads(overrides, message, no_tokenizer):
     cfg = make_config("algo=grpo", *(o.format(no_tokenizer=no_tokenizer) for o in overrides))

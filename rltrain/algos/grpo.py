@@ -1,8 +1,12 @@
 """GRPO (Shao et al. 2024) on a causal LM: each prompt's group of sampled completions scored by
 verifiable rewards; advantages relative to the group; ``epochs`` passes of the clipped token-level
-surrogate against the sampling log-probs, in micro-batches whose gradients accumulate into one step
-per pass; an optional KL penalty to a frozen reference (``kl_coef: 0`` keeps none in memory).
-The arithmetic is in ``grpo_loss``.
+surrogate, in micro-batches whose gradients accumulate into one step per pass; an optional KL penalty
+to a frozen reference (``kl_coef: 0`` keeps none in memory).
+
+The sampler is not quite the learner (another engine's numerics, weights a version behind), so by
+default the surrogate is against the learner's own log-probs before the update, each token weighted by
+truncated importance sampling from the sampler (``tis_cap``, Yao et al. 2025); ``tis_cap: null`` takes
+the ratio against the sampling log-probs instead. The arithmetic is in ``grpo_loss``.
 """
 
 from __future__ import annotations
@@ -17,13 +21,23 @@ from typing import Annotated
 import torch
 from tensordict import TensorDict
 
-from rltrain.algos.grpo_loss import AGGREGATIONS, Normalizer, aggregate, group_advantages, kl_k3, token_losses
+from rltrain.algos.grpo_loss import (
+    AGGREGATIONS,
+    Normalizer,
+    aggregate,
+    group_advantages,
+    kl_k3,
+    tis_diagnostics,
+    tis_weights,
+    token_losses,
+)
 from rltrain.errors import ConfigError
 from rltrain.llm.prompt_cache import cache_name, positions, prompt_pass, whole_groups
 from rltrain.rules import (
     Flag,
     Fraction,
     NonNegativeNumber,
+    Number,
     OneOf,
     PositiveFraction,
     PositiveInt,
@@ -31,6 +45,8 @@ from rltrain.rules import (
 )
 
 SCHEDULES = ("constant", "linear", "cosine")
+# A cap below 1 would scale down even the tokens the sampler and the learner agree on: a smaller lr.
+TisCap = Annotated[float | None, Number(at_least=1, null="the ratio against the sampling log-probs, no weight")]
 
 
 def token_logprobs(model, batch: TensorDict, group_size: int = 1,
@@ -76,8 +92,9 @@ class GRPO:
 
     ACTION_SPACES = ("tokens",)
     OBSERVATIONS = ("text",)
-    NEEDS_PUSHES = ("GRPO's ratios compare the learner with the weights that sampled; without pushes the engine "
-                    "keeps its first weights and the ratios drift until every token is clipped")
+    NEEDS_PUSHES = ("GRPO's ratios (or tis_cap's weights) compare the learner with the weights that sampled; "
+                    "without pushes the engine keeps its first weights and they drift until every token is clipped "
+                    "or truncated")
 
     @classmethod
     def check_config(cls, values: dict, config: dict) -> None:
@@ -107,6 +124,9 @@ class GRPO:
         micro_batch_size: PositiveInt = 64,  # completions per forward/backward pass (gradients accumulate)
         clip_low: PositiveFraction = 0.2,  # the ratio is clipped below at 1 - clip_low
         clip_high: PositiveNumber = 0.28,  # and above at 1 + clip_high (DAPO's clip-higher: > clip_low)
+        # each token's surrogate times min(p_learner / p_sampler, tis_cap), its ratio then against the learner's
+        # log-probs before the update (truncated importance sampling); null: the ratio against the sampler's, no weight
+        tis_cap: TisCap = 2.0,  # the cap (>= 1) on the importance weight from the sampler to the learner, or null
         # token_mean (DAPO's) | sequence_mean (the original GRPO's) | constant (Dr. GRPO's: / batch x max_new_tokens)
         loss_aggregation: Annotated[str, OneOf(AGGREGATIONS)] = "token_mean",  # token_mean | sequence_mean | constant
         scale_rewards: Flag = True,  # divide each group's centred rewards by its std (Dr. GRPO: false)
@@ -118,6 +138,7 @@ class GRPO:
         self.lr, self.lr_schedule, self.warmup = lr, lr_schedule, warmup
         self.epochs, self.micro_batch_size = epochs, micro_batch_size
         self.clip_low, self.clip_high, self.aggregation = clip_low, clip_high, loss_aggregation
+        self.tis_cap = tis_cap
         self.scale_rewards, self.mask_truncated = scale_rewards, mask_truncated
         self.kl_coef, self.max_grad_norm, self.max_new_tokens = kl_coef, max_grad_norm, max_new_tokens
         self.temperature = temperature
@@ -145,19 +166,27 @@ class GRPO:
         norm = Normalizer.of(mask, self.max_new_tokens)
         ref = self._reference_logprobs(flat, group_size) if self.kl_coef else None
         self.policy.train()
+        # With a cap: the learner's log-probs before this update's step. The first pass's are those (its
+        # micro-batches only accumulate gradients, the one step comes after them), kept for later passes.
+        old = None if self.tis_cap is None else torch.zeros_like(mask)
         sums = {"loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio_max": 0.0}
-        for _ in range(self.epochs):
+        for epoch in range(self.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             for start in range(0, flat.shape[0], self.micro_batch_size):
                 rows = slice(start, start + self.micro_batch_size)
                 part, kept = flat[rows], mask[rows]
                 logp, entropy = token_logprobs(self.policy, part, self._group_rows(group_size), self.temperature)
-                losses = token_losses(logp, part["log_prob"], advantages[rows], self.clip_low, self.clip_high,
-                                      None if ref is None else ref[rows], self.kl_coef)
+                old_logp, weight = part["log_prob"], None
+                if old is not None:
+                    if epoch == 0:
+                        old[rows] = logp.detach()
+                    old_logp, weight = old[rows], tis_weights(old[rows], part["log_prob"], self.tis_cap)
+                losses = token_losses(logp, old_logp, advantages[rows], self.clip_low, self.clip_high,
+                                      None if ref is None else ref[rows], self.kl_coef, weight)
                 loss = aggregate(losses, kept, self.aggregation, norm)
                 loss.backward()
                 with torch.no_grad():
-                    ratio = torch.exp(logp - part["log_prob"])
+                    ratio = torch.exp(logp - old_logp)
                     clipped = ((ratio < 1 - self.clip_low) | (ratio > 1 + self.clip_high)).float()
                     sums["loss"] += loss.item()
                     sums["clip_fraction"] += (clipped * kept).sum().item() / norm.tokens
@@ -171,6 +200,9 @@ class GRPO:
         seconds = time.perf_counter() - started
         metrics = {f"grpo/{k}": v / (1 if k == "ratio_max" else self.epochs) for k, v in sums.items()
                    if k != "kl" or ref is not None}
+        if old is not None:
+            diagnostics = tis_diagnostics(old, flat["log_prob"], mask, self.tis_cap)
+            metrics.update({f"grpo/tis/{k}": v for k, v in diagnostics.items()})
         metrics.update(batch_metrics(batch))
         metrics.update({"grpo/flat_groups": float(flat_groups), "grpo/lr": self.optimizer.param_groups[0]["lr"],
                         "perf/trained_tokens_per_s": self.epochs * float(flat["completion_mask"].sum()) / seconds})

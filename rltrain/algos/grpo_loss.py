@@ -1,6 +1,6 @@
 """GRPO's arithmetic, apart from any model: group-relative advantages and the clipped token-level
 surrogate, aggregated as DAPO, the original GRPO or Dr. GRPO do, with an optional KL penalty to a
-frozen reference (the k3 estimator).
+frozen reference (the k3 estimator) and truncated importance sampling from the sampler to the learner.
 
 Aggregation divides by figures of the whole batch (``Normalizer``), so that a batch cut into
 micro-batches, each loss added to the gradient in turn (gradient accumulation), gives the gradient
@@ -46,16 +46,42 @@ class Normalizer:
 
 
 def token_losses(logp: torch.Tensor, old_logp: torch.Tensor, advantages: torch.Tensor, clip_low: float,
-                 clip_high: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
+                 clip_high: float, ref_logp: torch.Tensor | None = None, kl_coef: float = 0.0,
+                 is_weight: torch.Tensor | None = None) -> torch.Tensor:
     """The per-token loss ``[B, T]``: minus the clipped surrogate of the ratio between the learner's and
-    the sampler's probability of each token (clipped to ``[1 - clip_low, 1 + clip_high]``), plus
-    ``kl_coef`` times the k3 estimate of KL(learner || reference)."""
+    the old probability of each token (clipped to ``[1 - clip_low, 1 + clip_high]``), times ``is_weight``
+    when given (``tis_weights``: the tokens were drawn by another policy than the old one), plus
+    ``kl_coef`` times the k3 estimate of KL(learner || reference), unweighted as in TRL and verl."""
     ratio = torch.exp(logp - old_logp)
     adv = advantages.unsqueeze(1)
     loss = -torch.minimum(ratio * adv, ratio.clamp(1 - clip_low, 1 + clip_high) * adv)
+    if is_weight is not None:
+        loss = loss * is_weight
     if ref_logp is not None and kl_coef:
         loss = loss + kl_coef * kl_k3(logp, ref_logp)
     return loss
+
+
+def tis_weights(old_logp: torch.Tensor, sampling_logp: torch.Tensor, cap: float) -> torch.Tensor:
+    """Truncated importance sampling (Yao et al. 2025): each token's ``min(p_old / p_sampler, cap)``, a
+    constant of the gradient. The sampler (another engine's numerics, or weights a version behind) drew
+    the tokens, not the old policy the surrogate is against; the cap bounds the variance that costs."""
+    return torch.exp(old_logp - sampling_logp).clamp(max=cap).detach()
+
+
+def tis_diagnostics(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor,
+                    cap: float) -> dict[str, float]:
+    """How far the sampler is from the learner, over the tokens ``mask`` keeps (all 0 when it keeps
+    none): the untruncated ratio's mean and max, the share of tokens whose ratio exceeds ``cap``, and
+    the normalised effective sample size of the truncated weights, ``(sum w)^2 / (n sum w^2)``: 1 when
+    every token weighs the same, near 1/n when one outweighs the rest."""
+    kept = mask.bool()
+    ratio = torch.where(kept, torch.exp(old_logp.double() - sampling_logp.double()), 0.0)
+    weight = ratio.clamp(max=cap)
+    n = max(1, int(kept.sum()))
+    ess = weight.sum() ** 2 / (n * (weight ** 2).sum()).clamp_min(torch.finfo(torch.float64).tiny)
+    return {"ratio_mean": ratio.sum().item() / n, "ratio_max": ratio.max().item(), "ess": ess.item(),
+            "truncated": (ratio > cap).sum().item() / n}
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
