@@ -6,6 +6,8 @@ a traceback from another process travels beside it in ``details``, for the log f
 
 from __future__ import annotations
 
+import traceback
+
 
 class ConfigError(ValueError):
     """A config value that cannot work. The message names the key, its value and the fix."""
@@ -41,3 +43,12 @@ class EnvError(RunError):
 
 class NonFiniteError(RunError):
     """A loss, gradient or weight became NaN or infinite."""
+
+
+def send_failure(conn, who: str, error: BaseException) -> None:
+    """Tell the learner, over a process's pipe ``conn``, that ``error`` ended the process ``who``:
+    ``("error", "Type: message", traceback)``; nothing if the learner's end is gone."""
+    try:
+        conn.send(("error", f"{type(error).__name__}: {error}", f"{who}:\n{traceback.format_exc()}"))
+    except OSError:
+        pass

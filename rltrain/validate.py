@@ -327,6 +327,7 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     require_transformers("algo=grpo")
     model = LanguageModel(**parts["model"][1])
     model.check()
+    _check_engine(parts)
     for name, node in (cfg.env.get("rewards") or {}).items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
             raise ConfigError(f"env.rewards.{name} must be a mapping with a _target_ (a function (prompt, completion, "
@@ -337,6 +338,30 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     task_rewards(cfg)  # the weights name rewards that exist
     task = env_maker(cfg)()  # a dataset's file read: a ConfigError names what is wrong in it
     _check_prompt_lengths(model, task, parts["collector"][1].get("max_new_tokens", 16))
+
+
+def _check_engine(parts: dict[str, tuple[type, dict]]) -> None:
+    """A vLLM engine is installed and fed by sync=vllm; sync=vllm has a vLLM engine to feed."""
+    from rltrain.sync.vllm import VLLMSync
+
+    collector = parts["collector"][1]
+    engine, sync = collector.get("engine", "transformers"), parts["sync"][0]
+    feeds_vllm = isinstance(sync, type) and issubclass(sync, VLLMSync)
+    if engine == "vllm":
+        if importlib.util.find_spec("vllm") is None:
+            raise ConfigError("collector.engine=vllm needs vLLM, which is not installed: pip install 'rltrain[vllm]' "
+                              "(vLLM's CPU build; on a GPU machine: pip install vllm)")
+        if not feeds_vllm:
+            raise ConfigError(f"collector.engine=vllm gets its weights only through sync=vllm (not "
+                              f"{_label('sync', sync)}); add sync=vllm")
+    else:
+        if feeds_vllm:
+            raise ConfigError("sync=vllm pushes into a vLLM engine, and collector.engine=transformers has none; add "
+                              "collector.engine=vllm, or use sync=shared_mem")
+        if collector.get("max_lag"):
+            raise ConfigError("collector.max_lag > 0 generates the next batch while the learner updates, which only "
+                              "an engine of its own process can; add collector.engine=vllm sync=vllm, or set "
+                              "collector.max_lag=0")
 
 
 def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:

@@ -2,11 +2,16 @@
 prompts, samples ``group_size`` completions of each with the weights of the last push, and scores
 every completion with the task's reward functions.
 
-The engine's model is a copy of the learner's, on the learner's device, fed only through the
-weight-sync receiver at the start of each batch, as every collector's policy is: the learner's
-optimizer never touches the weights that generate, and each completion carries the version that
-generated it. (On the CPU the engine reads the published snapshot in place; on a GPU each new
-version is copied into it.)
+Two engines generate (``engine``). ``transformers`` (the default): a copy of the learner's model, on
+the learner's device, fed only through the weight-sync receiver at the start of each batch, as every
+collector's policy is (on the CPU it reads the published snapshot in place; on a GPU each new version
+is copied into it). ``vllm``: a vLLM engine in a process of its own (``rltrain.llm.vllm_engine``),
+fed by ``sync=vllm``. Either way the learner's optimizer never touches the weights that generate,
+and each completion carries the version that generated it.
+
+With the vLLM engine, ``max_lag: 1`` generates the next batch while the learner updates on this one:
+its completions then come from the weights one push older than the learner's (GRPO's ``tis_cap``
+corrects for that), and the trainer drops a batch more than ``max_lag`` versions old.
 """
 
 from __future__ import annotations
@@ -18,17 +23,18 @@ from typing import Annotated
 import torch
 from tensordict import TensorDict
 
-from rltrain.collectors.batch import batch_steps
-from rltrain.llm.engine import Sampling, TransformersEngine
+from rltrain.collectors.batch import MaxLag, batch_steps
+from rltrain.llm.engine import Engine, Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.rewards import Rewards
 from rltrain.llm.tasks import Task
 from rltrain.protocols import Collector
-from rltrain.rules import Flag, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
+from rltrain.rules import Flag, OneOf, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
 from rltrain.sync.base import WeightReceiver
 
 STOP = Satisfies(lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v),
                  "a list of non-empty strings")
+ENGINES = ("transformers", "vllm")
 
 
 class GenerationCollector(Collector):
@@ -54,41 +60,79 @@ class GenerationCollector(Collector):
         max_new_tokens: PositiveInt = 4,
         stop: Annotated[list[str], STOP] = (),
         greedy: Flag = False,
+        engine: Annotated[str, OneOf(ENGINES)] = "transformers",
+        max_lag: MaxLag = 0,
+        timeout_s: PositiveNumber = 300.0,
+        kv_cache_gb: PositiveNumber = 1.0,
     ):
         self.prompts_per_batch = batch_steps(frames_per_batch, group_size, "collector.group_size")
-        self.group_size, self.seed, self.batches = group_size, seed, 0
+        self.group_size, self.seed, self.batches, self.max_lag = group_size, seed, 0, max_lag
         self.sampling = Sampling(temperature, top_p, max_new_tokens, tuple(stop), greedy)
         self.task, self.rewards, self.model = make_env(), rewards, model
-        self.engine = TransformersEngine(make_policy().to(device), model.tokenizer())
         self.receiver = make_receiver()
-        self.receiver.connect(self.engine.model)
+        self.engine: Engine
+        if engine == "vllm":
+            from rltrain.llm.vllm_engine import VLLMEngine
+
+            self.engine = VLLMEngine(model.source(), model.tokenizer(), self.receiver, seed=seed, dtype=model.dtype,
+                                     kv_cache_gb=kv_cache_gb, timeout_s=timeout_s)
+        else:
+            self.engine = TransformersEngine(make_policy().to(device), model.tokenizer())
+            self.receiver.connect(self.engine.model)
+        self._local = engine == "transformers"  # its weights come through this process's receiver
+        self._pending: tuple[list[dict], dict, float] | None = None  # a batch asked of the engine: rows, task state
 
     def __iter__(self) -> Iterator[TensorDict]:
         while True:
             yield self.collect()
 
     def collect(self) -> TensorDict:
-        """One batch: the next prompts, with the newest weights (polled first), scored."""
-        self.receiver.poll()
-        self.engine.version = self.receiver.version
-        rows = self.task.take(self.prompts_per_batch)
-        batch = complete(self.engine, self.model, rows, self.group_size, self.sampling, self.rewards,
-                         seed=self.seed + self.batches)
-        self.batches += 1
+        """One batch: the next prompts, with the newest weights, scored. With ``max_lag`` (the vLLM
+        engine), the batch after it is asked for before this one is returned."""
+        if self._pending is None:
+            self._submit()
+        batch = self._finish()
+        if self.max_lag and not self._local:
+            self._submit()  # generates while the learner updates on this batch
         return batch
+
+    def _submit(self) -> None:
+        state = self.task.state_dict()
+        rows = self.task.take(self.prompts_per_batch)
+        prompts = [self.model.prompt_text(self.engine.tokenizer, row["prompt"]) for row in rows]
+        seed = self.seed + self.batches
+        self.batches += 1
+        started = time.perf_counter()
+        if self._local:  # the newest weights; the vLLM engine's process loads them itself
+            self.receiver.poll()
+            self.engine.version = self.receiver.version
+        self.engine.submit(prompts, self.group_size, self.sampling, seed=seed)
+        self._pending = (rows, state, started)
+
+    def _finish(self) -> TensorDict:
+        rows, _, started = self._pending
+        generated = self.engine.collect()
+        self._pending = None
+        seconds = self.engine.generate_s or time.perf_counter() - started  # not the learner's update meanwhile
+        return score(generated, rows, self.group_size, self.rewards, seconds)
 
     def state_dict(self) -> dict:
         """Where the task is (its next prompt), and the seed and count of the batches drawn (batch n
-        samples with seed + n: a resumed run draws what the uninterrupted one would have)."""
+        samples with seed + n: a resumed run draws what the uninterrupted one would have). A batch
+        asked for but not yet returned is not counted: a resumed run asks for it again."""
+        if self._pending is not None:
+            return {"task": self._pending[1], "seed": self.seed, "batches": self.batches - 1}
         return {"task": self.task.state_dict(), "seed": self.seed, "batches": self.batches}
 
     def load_state_dict(self, state: dict) -> None:
+        if self._pending is not None:
+            raise ValueError("cannot restore the task while a batch is being generated")
         self.task.load_state_dict(state["task"])
         self.seed, self.batches = int(state["seed"]), int(state["batches"])
 
     def close(self) -> None:
-        self.receiver.close()
         self.engine.close()
+        self.receiver.close()
 
 
 def complete(engine: TransformersEngine, model: LanguageModel, rows: list[dict], group_size: int,

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import signal
-import traceback
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
@@ -26,6 +25,7 @@ import torch
 from rltrain import lazy_dynamo
 from rltrain.collectors.backlog import Backlog
 from rltrain.collectors.rollout import Rollout
+from rltrain.errors import send_failure
 from rltrain.process_groups import exit_without_teardown
 
 _WAKE_S = 0.05  # while waiting: look for new weights (releasing an old slot) and for a dead learner
@@ -63,10 +63,7 @@ def worker_main(
     except _Closed:
         pass
     except BaseException as e:  # noqa: BLE001  (everything goes back to the learner)
-        try:
-            conn.send(("error", f"{type(e).__name__}: {e}", f"collector worker {index}:\n{traceback.format_exc()}"))
-        except OSError:
-            pass
+        send_failure(conn, f"collector worker {index}", e)
         code = 1
     finally:
         receiver.close()

@@ -77,10 +77,21 @@ class Engine(ABC):
     """Generates with the weights it holds (``version``); rltrain's sync schemes replace them."""
 
     version: int = 0
+    generate_s: float | None = None  # what the last collected batch took to generate, where the engine times it
 
     @abstractmethod
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
         """``group_size`` sampled completions of each prompt."""
+
+    def submit(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> None:
+        """Ask for ``generate``'s completions, returned by ``collect``. An engine of another process
+        starts and returns at once (the learner updates meanwhile); this default generates now."""
+        self._submitted = self.generate(prompts, group_size, sampling, seed)
+
+    def collect(self) -> Generated:
+        """The completions the last ``submit`` asked for."""
+        generated, self._submitted = self._submitted, None
+        return generated
 
     def close(self) -> None:
         """Release what the engine holds."""

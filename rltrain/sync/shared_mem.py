@@ -125,9 +125,10 @@ class _Release:
 
 
 class _SharedMemSender(WeightSender):
-    def __init__(self, policy: nn.Module, shared: _Shared):
+    def __init__(self, policy: nn.Module, shared: _Shared, weights_of=named_weights):
         self._policy = policy  # its tensors are read at each push: a relay's policy is rebound to new ones
         self._shared = shared
+        self._weights_of = weights_of
 
     def push(self) -> int:
         shared, n_slots = self._shared, len(self._shared.slots)
@@ -143,7 +144,7 @@ class _SharedMemSender(WeightSender):
                                 "a collector is not polling for new weights")
             time.sleep(0.0002)
         slot = free[0]
-        shared.slots[slot].copy_from(named_weights(self._policy))  # nobody reads this slot: unpublished, unpinned
+        shared.slots[slot].copy_from(self._weights_of(self._policy))  # nobody reads this slot: unpublished, unpinned
         version = self.version + 1
         with shared.locked():
             shared.word.fill_(version * n_slots + slot)
@@ -194,13 +195,20 @@ class SharedMemSync(WeightSyncScheme):
         self.n_slots, self.timeout_s = slots, timeout_s
         self._shared: _Shared | None = None
 
+    @staticmethod
+    def weights_of(policy: nn.Module) -> dict[str, torch.Tensor]:
+        """What a push publishes of the learner's policy: its weights, by name."""
+        return named_weights(policy)
+
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
         # A GPU learner's slots are page-locked: each push is one device-to-host copy into a free slot.
-        slots = [FlatBuffer.like(policy, shared=True, pinned=on_gpu(policy)) for _ in range(self.n_slots)]
-        slots[0].copy_from(named_weights(policy))  # the initial weights, in slot 0
+        weights = self.weights_of(policy)
+        layout = {name: (tuple(t.shape), t.dtype) for name, t in weights.items()}
+        slots = [FlatBuffer(layout, shared=True, pinned=on_gpu(policy)) for _ in range(self.n_slots)]
+        slots[0].copy_from(weights)  # the initial weights, in slot 0
         self._shared = _Shared(slots, self.timeout_s)
         self._shared.word.fill_(version * self.n_slots)
-        sender = _SharedMemSender(policy, self._shared)
+        sender = _SharedMemSender(policy, self._shared, self.weights_of)
         sender.version = version
         return sender
 

@@ -1,0 +1,296 @@
+"""``collector.engine=vllm``: a vLLM engine, in a process of its own, generating for the collector.
+
+rltrain spawns one process that runs vLLM's ``LLM`` inside it (``VLLM_ENABLE_V1_MULTIPROCESSING=0``:
+no process of vLLM's own) on the run's model, and holds the ``sync=vllm`` receiver there. Requests
+come one at a time over a pipe, and before each generation the receiver loads the newest pushed
+weights into vLLM's model: a generation never sees two versions, and each completion carries the
+version it was generated with.
+
+Every wait of the learner on the engine is bounded (``collector.timeout_s``) and watches the
+process: an engine that raises comes back as a CollectorError with its traceback, one that dies as
+a CollectorError naming it, its pid, its exit signal and what it was doing.
+
+Messages, learner -> engine: ``("generate", prompt_ids, group_size, sampling, seed)``,
+``("probe", ids)`` (the log-probs of a token sequence under the weights it holds), ``("sync",)``
+(load the newest weights now), ``("close",)``. Engine -> learner: ``("ready", version)``,
+``("doing", what)`` (for error messages), ``("generated", rows, version, seconds)``, ``("probed", logprobs,
+version)``, ``("synced", version)``, ``("error", what, traceback_text)``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+from multiprocessing.connection import wait
+
+import torch
+
+from rltrain.errors import CollectorError, send_failure
+from rltrain.llm.engine import Engine, Generated, Sampling
+
+_WAKE_S = 0.5  # the engine looks this often whether the learner is still there
+
+
+class VLLMEngine(Engine):
+    """A vLLM engine on ``source`` (a model dir or hub id) in a spawned process, fed by ``receiver``
+    (``sync=vllm``'s); ``submit`` then ``collect`` (or ``generate``, both) a batch of completions."""
+
+    def __init__(self, source: str, tokenizer, receiver, seed: int = 0, dtype: str = "float32",
+                 kv_cache_gb: float = 1.0, timeout_s: float = 120.0,
+                 start_timeout_s: float = 300.0):
+        self.tokenizer, self.timeout_s = tokenizer, timeout_s
+        self._doing = "starting"
+        options = {"dtype": dtype, "seed": seed, "enforce_eager": True,
+                   # the log-prob of each drawn token under the distribution it was drawn from (temperature, top_p)
+                   "logprobs_mode": "processed_logprobs"}
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=engine_main, name="rltrain-vllm-engine", daemon=True,
+                                 args=(child, source, options, receiver, kv_cache_gb))
+        try:
+            self._proc.start()
+        finally:
+            child.close()
+        receiver.after_spawn()
+        self._pending: tuple | None = None
+        try:
+            self.version = self._wait("ready", start_timeout_s)[1]
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
+        self.submit(prompts, group_size, sampling, seed)
+        return self.collect()
+
+    def submit(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> None:
+        """Ask for ``group_size`` completions of each prompt; the engine starts at once, with the
+        newest pushed weights, while this process goes on (``collect`` waits for them)."""
+        tok = self.tokenizer
+        tok.padding_side = "left"
+        encoded = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        ids, mask = encoded["input_ids"], encoded["attention_mask"]
+        rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        self._send(("generate", rows, group_size, sampling, seed), "generating")
+        self._pending = (ids.repeat_interleave(group_size, dim=0), mask.repeat_interleave(group_size, dim=0))
+
+    def collect(self) -> Generated:
+        """The completions ``submit`` asked for."""
+        if self._pending is None:
+            raise RuntimeError("collect() without submit()")
+        prompt_ids, prompt_mask = self._pending
+        _, rows, version, self.generate_s = self._wait("generated", self.timeout_s)
+        self._pending, self.version = None, version
+        tok = self.tokenizer
+        longest = max(1, max(len(ids) for ids, _, _ in rows))
+        completion = torch.full((len(rows), longest), tok.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(rows), longest), dtype=torch.long)
+        logprobs = torch.zeros((len(rows), longest))
+        for i, (ids, lps, _) in enumerate(rows):
+            completion[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+            mask[i, :len(ids)] = 1
+            logprobs[i, :len(ids)] = torch.tensor(lps)
+        truncated = torch.tensor([cut for _, _, cut in rows])
+        texts = [tok.decode(ids, skip_special_tokens=True) for ids, _, _ in rows]
+        return Generated(prompt_ids, prompt_mask, completion, mask, logprobs, truncated, texts, version)
+
+    def probe(self, ids: list[int]) -> tuple[torch.Tensor, int]:
+        """Each token's log-prob (after the first) under the weights the engine holds, and their version."""
+        self._send(("probe", ids), "scoring a probe sequence")
+        _, logprobs, version = self._wait("probed", self.timeout_s)
+        return torch.tensor(logprobs), version
+
+    def sync(self) -> int:
+        """Have the engine load the newest pushed weights now; returns the version it holds."""
+        self._send(("sync",), "loading pushed weights")
+        self.version = self._wait("synced", self.timeout_s)[1]
+        return self.version
+
+    def _send(self, msg: tuple, doing: str) -> None:
+        self._doing = doing
+        try:
+            self._conn.send(msg)
+        except OSError:
+            self._raise_dead()
+
+    def _wait(self, what: str, timeout_s: float) -> tuple:
+        """The engine's ``what`` answer; raises CollectorError once it raises, dies or takes over ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ready = wait([self._conn, self._proc.sentinel], timeout=max(0.0, min(1.0, deadline - time.monotonic())))
+            if self._conn in ready:
+                try:
+                    msg = self._conn.recv()
+                except (EOFError, OSError):
+                    self._raise_dead()
+                if msg[0] == "doing":
+                    self._doing = msg[1]
+                    continue
+                if msg[0] == "error":
+                    raise CollectorError(f"the vLLM engine (pid {self.pid}) failed while {self._doing}: {msg[1]}",
+                                         details=msg[2])
+                if msg[0] != what:
+                    raise CollectorError(f"the vLLM engine sent {msg[0]!r} while the learner waited for {what!r}")
+                return msg
+            if self._proc.sentinel in ready and not self._conn.poll():
+                self._raise_dead()
+            if time.monotonic() > deadline:
+                raise CollectorError(f"the vLLM engine (pid {self.pid}) did not answer within {timeout_s:g}s while "
+                                     f"{self._doing} (collector.timeout_s); it is alive but stuck, or slower than "
+                                     "that: raise collector.timeout_s")
+
+    def _raise_dead(self):
+        self._proc.join(timeout=1.0)
+        code = self._proc.exitcode
+        how = f"killed by {signal.Signals(-code).name}" if code is not None and code < 0 else f"exit code {code}"
+        hint = "; SIGKILL often comes from the out-of-memory killer (see dmesg)" if code == -signal.SIGKILL else ""
+        raise CollectorError(f"the vLLM engine (pid {self.pid}) died ({how}) while {self._doing}{hint}")
+
+    def close(self) -> None:
+        """Stop the engine process (killed if it does not stop within 10 s); safe to call twice."""
+        if self._proc is None:
+            return
+        try:
+            self._conn.send(("close",))
+        except OSError:
+            pass
+        self._proc.join(timeout=10.0)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(timeout=5.0)
+        self._conn.close()
+        self._proc = None
+
+
+class VLLMModel:
+    """What the ``sync=vllm`` receiver loads weights into: vLLM's model in this process."""
+
+    def __init__(self, llm):
+        self.llm = llm
+        self.runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        self.model = self.runner.get_model()
+        self.expected = {name for name, _ in self.model.named_parameters()}
+
+    def load(self, weights: dict[str, torch.Tensor]) -> None:
+        """Load weights named as in the Hugging Face checkpoint (vLLM fuses and repacks them as it loads
+        its own); raises ValueError naming what does not fit: a weight vLLM's model does not have, a
+        shape it refuses, a weight of its own that nothing loaded.
+
+        This is vLLM's in-place reload (``reload_weights``), plus two things it leaves stale: on the
+        CPU an embedding keeps a packed copy of its weights for the output layer's GEMM, which the
+        reload does not repack (the output layer would go on with the old weights: measured), and
+        the prefix cache holds keys and values computed with the old weights."""
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+        from vllm.model_executor.model_loader.reload.layerwise import (
+            finalize_layerwise_reload,
+            initialize_layerwise_reload,
+        )
+
+        current = [None]
+
+        def named():
+            for name, tensor in weights.items():
+                current[0] = name
+                yield name, tensor
+
+        initialize_layerwise_reload(self.model)
+        try:
+            loaded = self.model.load_weights(named())
+        except (KeyError, AssertionError, RuntimeError, ValueError) as e:
+            raise ValueError(f"vLLM's {type(self.model).__name__} cannot load the learner's {current[0]} "
+                             f"{tuple(weights[current[0]].shape)} ({type(e).__name__}: {e})") from None
+        finally:
+            finalize_layerwise_reload(self.model, self.runner.model_config)
+        for module in self.model.modules():
+            if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+                module.quant_method.process_weights_after_loading(module)
+        self.llm.reset_prefix_cache()
+        if missing := sorted(self.expected - set(loaded)):
+            raise ValueError(f"the learner's weights leave vLLM's {', '.join(missing)} unloaded (the learner's model "
+                             "has other names than the engine's)")
+
+
+def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) -> None:
+    """The engine process: vLLM on ``source``, the receiver connected to it, requests served in order."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops the run and then closes the engine
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
+    # vLLM and tqdm make multiprocessing locks in this process. Under the fork method a lock's semaphore
+    # is unlinked as soon as it is made (no child needs its name); under spawn it stays in /dev/shm
+    # until the learner's resource tracker removes it, or forever if the learner is killed.
+    mp.set_start_method("fork", force=True)
+    code = 0
+    try:
+        from vllm import LLM
+
+        llm = LLM(model=source, **options)
+        receiver.on_load = lambda version: conn.send(("doing", f"loading weights version {version}"))
+        receiver.connect(VLLMModel(llm))
+        conn.send(("ready", receiver.version))
+        while (msg := _next(conn)) is not None:
+            receiver.poll()
+            if msg[0] == "generate":
+                conn.send(("doing", f"generating with weights version {receiver.version}"))
+                started = time.perf_counter()
+                rows = _generate(llm, *msg[1:])
+                conn.send(("generated", rows, receiver.version, time.perf_counter() - started))
+            elif msg[0] == "probe":
+                conn.send(("probed", _probe(llm, msg[1]), receiver.version))
+            elif msg[0] == "sync":
+                conn.send(("synced", receiver.version))
+    except BaseException as e:  # noqa: BLE001  (everything goes back to the learner)
+        send_failure(conn, "vLLM engine", e)
+        code = 1
+    finally:
+        receiver.close()
+    os._exit(code)  # vLLM's own teardown may wait on threads the learner no longer needs
+
+
+def _next(conn) -> tuple | None:
+    """The learner's next request; None on close, or once the learner is gone."""
+    parent = mp.parent_process()
+    while not conn.poll(_WAKE_S):
+        if parent is not None and not parent.is_alive():
+            return None
+    try:
+        msg = conn.recv()
+    except (EOFError, OSError):
+        return None
+    return None if msg[0] == "close" else msg
+
+
+def _generate(llm, rows: list[list[int]], group_size: int, sampling: Sampling, seed: int | None) -> list:
+    """Each prompt's ``group_size`` completions, one after another: (token ids, each one's log-prob,
+    whether ``max_new_tokens`` cut it). The eos token or the one completing a stop string ends one."""
+    from vllm import SamplingParams
+
+    n = 1 if sampling.greedy else group_size  # vLLM draws one greedy completion per request
+    params = SamplingParams(n=n, max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed,
+                            temperature=0.0 if sampling.greedy else sampling.temperature,
+                            top_p=1.0 if sampling.greedy else sampling.top_p, top_k=0,
+                            stop=list(sampling.stop) or None, include_stop_str_in_output=True,
+                            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, detokenize=True)
+    requests = [{"prompt_token_ids": ids} for ids in rows for _ in range(group_size // n)]
+    outputs = llm.generate(requests, params, use_tqdm=False)
+    out = []
+    for request in outputs:
+        for c in sorted(request.outputs, key=lambda c: c.index):
+            ids = list(c.token_ids)
+            logprobs = [d[t].logprob for d, t in zip(c.logprobs, ids)]
+            out.append((ids, logprobs, c.finish_reason == "length"))
+    return out
+
+
+def _probe(llm, ids: list[int]) -> list[float]:
+    from vllm import SamplingParams
+
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+                       use_tqdm=False)[0]
+    return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]

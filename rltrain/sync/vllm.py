@@ -1,0 +1,68 @@
+"""``sync=vllm``: the learner's weights into a vLLM engine (``collector.engine=vllm``).
+
+The learner's side is ``sync=shared_mem``'s: each push copies the weights into a free shared-memory
+slot and publishes its version and index together, one copy whatever the model's size, no call per
+tensor. What is published is what vLLM loads: the parameters by their Hugging Face names, and for a
+model with LoRA adapters the merged weights (``rltrain.llm.model.served_weights``).
+
+The receiver lives in the engine's process. Before each request the engine serves, it loads the
+newest published slot into vLLM's model (vLLM's own ``load_weights``, which fuses and repacks as
+it loads a checkpoint), holding the slot pinned while it reads, so that no completion is generated
+with a mix of two versions. The first load is also the check: a learner whose weights have names
+or shapes vLLM's model does not take is refused then, naming them. Slots reach the engine as file
+descriptors when it is spawned: nothing is left in /dev/shm whatever way either process ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from rltrain.errors import SyncError
+from rltrain.sync.shared_mem import SharedMemSync, _SharedMemReceiver
+
+
+class VLLMSync(SharedMemSync):
+    """``sync=shared_mem``'s versioned slots, loaded by a vLLM engine before each of its generations."""
+
+    @staticmethod
+    def weights_of(policy: nn.Module) -> dict[str, torch.Tensor]:
+        from rltrain.llm.model import served_weights
+
+        return served_weights(policy)
+
+    def receiver(self) -> _VLLMReceiver:
+        receiver = super().receiver()
+        return _VLLMReceiver(receiver._shared, receiver._pin)
+
+
+class _VLLMReceiver(_SharedMemReceiver):
+    """Loads each new version into the engine's model (``rltrain.llm.vllm_engine.VLLMModel``)."""
+
+    on_load: Callable[[int], None] | None = None  # told each version before it loads (the engine reports it)
+
+    def connect(self, model) -> None:
+        self._policy = model
+        self.poll()
+
+    def poll(self) -> bool:
+        shared, n_slots = self._shared, len(self._shared.slots)
+        if int(shared.word) // n_slots == self.version:
+            return False
+        with shared.locked():
+            word = int(shared.word)
+            self._pin.fill_(word % n_slots)  # the sender writes no pinned slot
+        version = word // n_slots
+        try:
+            if self.on_load is not None:
+                self.on_load(version)
+            try:
+                self._policy.load(shared.slots[word % n_slots].views)
+            except ValueError as e:
+                raise SyncError(f"sync=vllm: weights version {version} do not fit the engine's model: {e}") from None
+        finally:
+            self._pin.fill_(-1)  # loaded (copied into vLLM's own tensors): the slot is free again
+        self.version = version
+        return True

@@ -1,0 +1,194 @@
+"""``collector.engine=vllm`` with ``sync=vllm``: a real vLLM engine (the CPU build) in a process of its
+own, serving the tiny model. Engines start in seconds but each costs a process: the tests share one
+where they can."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from rltrain.errors import CollectorError, ConfigError
+from rltrain.factory import build
+from rltrain.llm.engine import Sampling, TransformersEngine
+from rltrain.llm.model import LanguageModel
+from rltrain.llm.tiny import write_tiny_model
+from rltrain.sync import VLLMSync
+from rltrain.validate import validate
+from tests.conftest import make_config, run_cli, without_package
+from tests.test_grpo import ONE_TOKEN
+from tests.test_outputs import read_jsonl
+
+if importlib.util.find_spec("vllm") is None:
+    if os.environ.get("CI"):  # the dev extras bring it: in CI a missing vLLM is a failure, not a skip
+        raise RuntimeError("vLLM is not installed, but the dev extras install it (pip install -e '.[dev]')")
+    pytest.skip("vLLM is not installed (pip install 'rltrain[vllm]')", allow_module_level=True)
+
+VLLM = ("collector.engine=vllm", "sync=vllm")
+PROMPTS = ["reverse 4:", "3+5=", "sort 93:"]
+GREEDY = Sampling(max_new_tokens=6, greedy=True)
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm"))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A learner (the tiny model), its sync=vllm sender, and a vLLM engine on the same model dir."""
+    from rltrain.llm.vllm_engine import VLLMEngine
+
+    model = LanguageModel(str(write_tiny_model(tmp_path_factory.mktemp("model") / "tiny")))
+    learner = model.load()
+    scheme = VLLMSync()
+    sender = scheme.sender(learner)
+    engine = VLLMEngine(model.source(), model.tokenizer(), scheme.receiver(), timeout_s=60)
+    yield model, learner, sender, engine
+    engine.close()
+
+
+def _learner_probe(model, learner, ids: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        logits = learner(torch.tensor([ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1)
+
+
+def _force(learner, token: int) -> None:
+    """Weights under which the model's most likely next token is ``token`` whatever it reads: no layer
+    writes to the residual stream (o_proj and down_proj are 0), so the final state is the input's
+    embedding; every embedding is e_0, ``token``'s 2 e_0, and the output layer is the embedding (tied)."""
+    with torch.no_grad():
+        for name, p in learner.named_parameters():
+            if name.endswith(("o_proj.weight", "down_proj.weight")):
+                p.zero_()
+        embedding = learner.model.embed_tokens.weight
+        embedding.zero_()
+        embedding[:, 0] = 1.0
+        embedding[token, 0] = 2.0
+
+
+def test_pushed_weights_arrive_checked_by_the_engine_and_change_its_generation(served):
+    model, learner, sender, engine = served
+    tokenizer = model.tokenizer()
+    original = {k: v.clone() for k, v in learner.state_dict().items()}
+    ids = tokenizer("reverse 123: 321", add_special_tokens=False)["input_ids"]
+    before = engine.generate(PROMPTS, 1, GREEDY)
+    # vLLM's greedy completions are the learner's own, token for token, on the same weights
+    ours = TransformersEngine(learner, tokenizer).generate(PROMPTS, 1, GREEDY)
+    assert before.completion_ids.equal(ours.completion_ids)
+    try:
+        chosen = tokenizer.convert_tokens_to_ids("7")
+        _force(learner, chosen)
+        version = sender.push()
+        assert engine.sync() == version
+        # asked of the engine: the log-probs it computes with what it holds are the learner's
+        logprobs, held = engine.probe(ids)
+        assert held == version and torch.allclose(logprobs, _learner_probe(model, learner, ids), atol=1e-4)
+        forced = engine.generate(PROMPTS, 2, Sampling(max_new_tokens=5, greedy=True))
+        assert forced.version == version and (forced.completion_ids == chosen).all()
+        assert forced.texts == ["77777"] * 6
+    finally:
+        learner.load_state_dict(original)
+        restored = sender.push()
+    after = engine.generate(PROMPTS, 1, GREEDY)
+    assert after.version == restored and after.completion_ids.equal(before.completion_ids)
+    assert after.logprobs.equal(before.logprobs)
+    logprobs, _ = engine.probe(ids)
+    assert torch.allclose(logprobs, _learner_probe(model, learner, ids), atol=1e-4)
+
+
+def test_sampled_log_probs_are_the_learner_s_and_a_seed_repeats_a_batch(served):
+    model, learner, sender, engine = served
+    sampling = Sampling(temperature=0.7, max_new_tokens=4, stop=("3",))
+    first = engine.generate(PROMPTS, 4, sampling, seed=5)
+    again = engine.generate(PROMPTS, 4, sampling, seed=5)
+    assert first.completion_ids.equal(again.completion_ids) and first.version == sender.version
+    assert first.prompt_ids.shape[0] == 12 and first.completion_mask.sum(1).le(4).all()
+    ends = [t for t in first.texts if "3" in t]
+    assert all(t.endswith("3") for t in ends)  # a stop string ends its completion, and is kept
+    with torch.no_grad():
+        ids = torch.cat([first.prompt_ids, first.completion_ids], dim=1)
+        mask = torch.cat([first.prompt_mask, first.completion_mask], dim=1)
+        logits = learner(input_ids=ids, attention_mask=mask,
+                         position_ids=(mask.cumsum(1) - 1).clamp_min(0)).logits[:, first.prompt_ids.shape[1] - 1:-1]
+    ours = torch.log_softmax(logits.float() / 0.7, -1).gather(-1, first.completion_ids[..., None]).squeeze(-1)
+    kept = first.completion_mask.bool()
+    assert (ours[kept] - first.logprobs[kept]).abs().max() < 1e-4  # the mismatch tis_cap corrects: small here
+
+
+def test_a_learner_whose_weights_vllm_cannot_take_is_refused_naming_them(tmp_path):
+    from rltrain.llm.vllm_engine import VLLMEngine
+
+    served_dir = write_tiny_model(tmp_path / "served")
+    other = LanguageModel(str(write_tiny_model(tmp_path / "wider", hidden_size=96))).load()  # other shapes
+    scheme = VLLMSync()
+    scheme.sender(other)
+    with pytest.raises(CollectorError, match=r"do not fit the engine's model: vLLM's Qwen2ForCausalLM cannot load "
+                                             r"the learner's model\.embed_tokens\.weight \(\d+, 96\)"):
+        VLLMEngine(str(served_dir), LanguageModel(str(served_dir)).tokenizer(), scheme.receiver(), timeout_s=60)
+
+
+def test_a_killed_engine_fails_the_batch_naming_it_and_leaves_nothing_behind(tmp_path):
+    from rltrain.llm.vllm_engine import VLLMEngine
+
+    shm = _shm()
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
+    scheme = VLLMSync(timeout_s=5)
+    sender = scheme.sender(model.load())
+    engine = VLLMEngine(model.source(), model.tokenizer(), scheme.receiver(), timeout_s=30)
+    try:
+        sender.push()
+        engine.submit(PROMPTS * 40, 8, Sampling(max_new_tokens=64))
+        os.kill(engine.pid, signal.SIGKILL)
+        started = time.monotonic()
+        with pytest.raises(CollectorError, match=rf"the vLLM engine \(pid {engine.pid}\) died \(killed by SIGKILL\) "
+                                                 r"while (generating|loading weights version 1)"):
+            engine.collect()
+        assert time.monotonic() - started < 30
+    finally:
+        engine.close()
+    assert _shm() <= shm  # nothing left in /dev/shm
+
+
+def test_the_single_token_task_learns_through_vllm(tmp_path):
+    summary = build(make_config(*ONE_TOKEN, *VLLM), run_dir=tmp_path / "run").fit()
+    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    assert summary["status"] == "completed" and summary["frames"] == 19200
+    assert rows[0]["reward/mean"] < 0.2, rows[0]  # chance, from random weights
+    assert rows[-1]["reward/mean"] > 0.8 and summary["train_return"] > 0.8, rows[-1]
+    assert summary["eval_return"] > 0.9
+    assert summary["sync"]["pushes"] == 150 and summary["sync"]["max_lag"] == 0
+
+
+def test_generating_one_push_behind_learns_with_lag_one_and_stops_on_sigterm(tmp_path):
+    shm = _shm()
+    overrides = (*ONE_TOKEN, *VLLM, "collector.max_lag=1", "trainer.total_frames=6400", "hydra.run.dir=run")
+    result = run_cli(*overrides, cwd=tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["status"] == "completed" and summary["sync"]["max_lag"] == 1
+    rows = read_jsonl(tmp_path / "run/metrics.jsonl")
+    assert all("grpo/tis/ratio_max" in row for row in rows)
+    assert _shm() <= shm
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (("collector.engine=vllm",), "collector.engine=vllm gets its weights only through sync=vllm"),
+    (("sync=vllm",), "sync=vllm pushes into a vLLM engine, and collector.engine=transformers has none"),
+    (("collector.max_lag=1",), "collector.max_lag > 0 generates the next batch while the learner updates"),
+])
+def test_an_engine_and_a_sync_that_do_not_go_together_are_refused(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(make_config("algo=grpo", *overrides))
+
+
+def test_without_vllm_the_pip_install_is_named(monkeypatch):
+    without_package(monkeypatch, "vllm")
+    with pytest.raises(ConfigError, match=r"collector.engine=vllm needs vLLM, which is not installed: "
+                                          r"pip install 'rltrain\[vllm\]'"):
+        validate(make_config("algo=grpo", *VLLM))
