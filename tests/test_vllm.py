@@ -8,6 +8,8 @@ import importlib.util
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -20,9 +22,11 @@ from rltrain.llm.model import LanguageModel
 from rltrain.llm.tiny import write_tiny_model
 from rltrain.sync import VLLMSync
 from rltrain.validate import validate
-from tests.conftest import make_config, run_cli, without_package
+from tests.conftest import ROOT, make_config, run_cli, without_package
 from tests.test_grpo import ONE_TOKEN
+from tests.test_llm_runs import SHORT
 from tests.test_outputs import read_jsonl
+from tests.test_run_management import learning_rows, signal_at
 
 if importlib.util.find_spec("vllm") is None:
     if os.environ.get("CI"):  # the dev extras bring it: in CI a missing vLLM is a failure, not a skip
@@ -36,6 +40,21 @@ GREEDY = Sampling(max_new_tokens=6, greedy=True)
 
 def _shm() -> set[str]:
     return set(os.listdir("/dev/shm"))
+
+
+def _left_behind(tag: str) -> list[int]:
+    """The processes still alive that a run started with ``RLTRAIN_TEST_TAG=tag`` in its environment
+    (its engine inherits it)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.environ().get("RLTRAIN_TEST_TAG") == tag:
+                found.append(p.info["pid"])
+        except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
+            pass
+    return found
 
 
 @pytest.fixture(scope="module")
@@ -109,6 +128,8 @@ def test_sampled_log_probs_are_the_learner_s_and_a_seed_repeats_a_batch(served):
     again = engine.generate(PROMPTS, 4, sampling, seed=5)
     assert first.completion_ids.equal(again.completion_ids) and first.version == sender.version
     assert first.prompt_ids.shape[0] == 12 and first.completion_mask.sum(1).le(4).all()
+    twice = engine.generate(["reverse 4:"] * 2, 4, sampling, seed=5).completion_ids
+    assert not twice[:4].equal(twice[4:])  # each prompt draws its own random numbers, even under one seed
     ends = [t for t in first.texts if "3" in t]
     assert all(t.endswith("3") for t in ends)  # a stop string ends its completion, and is kept
     with torch.no_grad():
@@ -175,6 +196,46 @@ def test_generating_one_push_behind_learns_with_lag_one_and_stops_on_sigterm(tmp
     rows = read_jsonl(tmp_path / "run/metrics.jsonl")
     assert all("grpo/tis/ratio_max" in row for row in rows)
     assert _shm() <= shm
+
+
+def test_a_run_stopped_by_sigterm_stops_its_engine_and_resumes_as_if_never_stopped(tmp_path):
+    full = run_cli(*SHORT, *VLLM, "hydra.run.dir=outputs/full", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr
+    tag = str(tmp_path)
+    stopped = run_cli(*SHORT, *VLLM, *signal_at(100), "hydra.run.dir=outputs/split", cwd=tmp_path,
+                      env={"RLTRAIN_TEST_TAG": tag})
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert json.loads((tmp_path / "outputs/split/summary.json").read_text())["frames"] == 128
+    assert not _left_behind(tag)  # the engine stopped with the run
+    # the resumed run's engine starts from the checkpoint's weights, and draws what the full run drew
+    resumed = run_cli(*SHORT, *VLLM, "resume=outputs/split", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert learning_rows(tmp_path / "outputs/split") == learning_rows(tmp_path / "outputs/full")
+
+
+def test_an_engine_killed_mid_run_fails_the_run_naming_it(tmp_path):
+    import psutil
+
+    shm, tag = _shm(), str(tmp_path)
+    run = subprocess.Popen([sys.executable, "-m", "rltrain", *SHORT, *VLLM, "trainer.total_frames=100000",
+                            "collector.timeout_s=60", "hydra.run.dir=run"], cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "RLTRAIN_TEST_TAG": tag},
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "run/metrics.jsonl").exists() or not (tmp_path / "run/metrics.jsonl").read_text():
+            assert run.poll() is None and time.monotonic() < deadline, "the run ended or never started training"
+            time.sleep(0.2)
+        engine = next(p for p in psutil.Process(run.pid).children() if "spawn_main" in " ".join(p.cmdline()))
+        engine.kill()
+        _, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode != 0
+    assert f"the vLLM engine (pid {engine.pid}) died (killed by SIGKILL) while" in err, err[-2000:]
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["status"].startswith("failed: CollectorError")
+    assert not _left_behind(tag) and _shm() <= shm
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

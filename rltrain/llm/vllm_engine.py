@@ -272,12 +272,16 @@ def _generate(llm, rows: list[list[int]], group_size: int, sampling: Sampling, s
     from vllm import SamplingParams
 
     n = 1 if sampling.greedy else group_size  # vLLM draws one greedy completion per request
-    params = SamplingParams(n=n, max_tokens=sampling.max_new_tokens, logprobs=0, seed=seed,
-                            temperature=0.0 if sampling.greedy else sampling.temperature,
-                            top_p=1.0 if sampling.greedy else sampling.top_p, top_k=0,
-                            stop=list(sampling.stop) or None, include_stop_str_in_output=True,
-                            repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0, detokenize=True)
     requests = [{"prompt_token_ids": ids} for ids in rows for _ in range(group_size // n)]
+    params = [SamplingParams(n=n, max_tokens=sampling.max_new_tokens, logprobs=0,
+                             # each request a seed of its own: one seed for all would draw the same
+                             # random numbers for every prompt of the batch
+                             seed=None if seed is None else seed * len(requests) + i,
+                             temperature=0.0 if sampling.greedy else sampling.temperature,
+                             top_p=1.0 if sampling.greedy else sampling.top_p, top_k=0,
+                             stop=list(sampling.stop) or None, include_stop_str_in_output=True,
+                             repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
+              for i in range(len(requests))]
     outputs = llm.generate(requests, params, use_tqdm=False)
     out = []
     for request in outputs:

@@ -33,6 +33,13 @@ class VLLMSync(SharedMemSync):
 
         return served_weights(policy)
 
+    def sender(self, policy: nn.Module, version: int = 0):
+        sender = super().sender(policy, version)
+        # Checkpoints keep no copy of what was published: it is in vLLM's names (LoRA merged), not the
+        # policy's, so a resumed run publishes the learner's weights, which with sync.every=1 are the same.
+        sender.published = lambda: None
+        return sender
+
     def receiver(self) -> _VLLMReceiver:
         receiver = super().receiver()
         return _VLLMReceiver(receiver._shared, receiver._pin)

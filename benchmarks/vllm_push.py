@@ -1,0 +1,548 @@
+"""Weight push into a vLLM engine (``sync=vllm``): the time until the engine holds a new version of the
+learner's weights, beside the same bytes with no vLLM, one call per tensor, and a file; and vLLM's
+generation beside ``TransformersEngine``.
+
+Models: Qwen2 models written by ``rltrain.llm.tiny.write_tiny_model`` (random weights, 32-wide heads)
+at each size of SIZES, into a temporary dir under /tmp, float32; the learner is that dir loaded with
+transformers (``LanguageModel.load``), one torch thread (``--threads``). Before every timed push the
+learner's first parameter gets 1e-3 added, so every method moves new weights. Rounds alternate
+between the methods (rltrain, floor, per tensor, file, in that order); a warm-up round first,
+discarded; ms per push, median [p10-p90] of ROUNDS rounds. Each method counts from the learner's
+first step until the engine has answered that it holds the new weights:
+
+- ``rltrain``: ``sender.push()`` (``VLLMSync``: one copy into a free shared-memory slot) then
+  ``VLLMEngine.sync()``, whose answer comes once the engine's receiver has loaded the slot into vLLM
+  (``VLLMModel.load``: vLLM's in-place layerwise reload, the embedding's CPU GEMM repack, the
+  prefix-cache reset). The engine process is rltrain's own, as ``collector.engine=vllm`` starts it.
+- ``floor``: the same push into the same slots, and a spawned process with no vLLM (one torch thread,
+  as vLLM serves with here) that holds a receiver of the same scheme, answers ``("sync",)`` on its
+  pipe as the engine does, and loads the slot by copying every tensor into tensors of its own.
+- ``per tensor`` (TRL's server mode: one ``update_named_param`` request per parameter): for each
+  parameter, a header then its bytes down a multiprocessing pipe (``send_bytes``: the bytes, not a
+  shared-memory handle), and the engine process (vLLM as rltrain's, started by ``peer_engine_main``)
+  loads that one tensor (initialize_layerwise_reload / load_weights / finalize_layerwise_reload, as
+  ``VLLMModel.load`` does for all of them: its check that every vLLM weight was loaded refuses one
+  tensor) and acknowledges it before the next is sent; then one message for the embedding repack and
+  the prefix-cache reset that ``VLLMModel.load`` does once.
+- ``file`` (TorchRL's double-buffer scheme): ``safetensors.torch.save_file`` of every weight to a file
+  in /dev/shm (two files, used in turn), then one message asks the same engine process to
+  ``load_file`` it and ``VLLMModel.load`` the dict.
+
+After the timed rounds each method loads one more version and the engine's log-probs of a fixed
+sequence are compared with the learner's (transformers) under those weights: ``max |dlogp|``.
+The profile table times ``VLLMModel.load``'s steps in the per-tensor/file engine process (the same
+vLLM, the same model), loading each round's pushed slot through a ``sync=vllm`` receiver as
+rltrain's engine does, with the steps wrapped by timers: initialize, load_weights (vLLM repacks each
+linear layer for oneDNN as soon as all its weights arrived: "GEMM repack"), finalize, rltrain's extra
+embedding repack, reset_prefix_cache.
+
+Generation: ``VLLMEngine.generate`` beside ``TransformersEngine.generate`` on the tiny model
+(``tiny_model_dir``), 16 prompts x 8 completions, temperature 1, top_p 1, max_new_tokens 16, seed 0
+every call, alternating rounds after a warm-up one; generated tokens (``completion_mask``) per second.
+
+``--quick``: only the smallest size, 2 rounds. A full run takes several minutes (a vLLM start per
+engine, the largest model's writes and loads): the category runs only when named.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import statistics
+import tempfile
+import time
+import traceback
+from collections import defaultdict
+from multiprocessing.connection import wait
+from pathlib import Path
+
+from benchmarks.core import OURS, Goal, Row, Stat, Table
+
+NAME, TITLE = "vllm_push", "Weight push into vLLM"
+SIZES = [(128, 12), (640, 21), (1280, 20)]  # (hidden size, layers): about 1.8M, 77M and 296M parameters
+ROUNDS, QUICK_ROUNDS = 5, 2
+FLOOR, PER_TENSOR, FILE = "floor", "per tensor", "file"
+KV_CACHE_GB = 1
+TIMEOUT_S = 600.0
+MEMORY_FACTOR = 14  # bytes of RAM per byte of weights the methods hold at once (slots, engines, files)
+PROMPTS, GROUP, MAX_NEW_TOKENS = 16, 8, 16
+STEPS = ["initialize", "load_weights", "GEMM repack", "finalize", "embedding repack", "reset_prefix_cache", "other"]
+
+
+# --- the engine processes -------------------------------------------------------------------------------------------
+
+def _serve(conn, setup, handlers: dict) -> None:
+    """A spawned process's loop: ``setup()`` then ``("ready",)``, then each request to its handler,
+    which answers; any failure goes back as ``("error", traceback)``."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner closes it
+    code = 0
+    try:
+        state = setup()
+        conn.send(("ready",))
+        parent = mp.parent_process()
+        while True:
+            if not conn.poll(0.5):
+                if parent is not None and not parent.is_alive():
+                    break
+                continue
+            msg = conn.recv()
+            if msg[0] == "close":
+                break
+            handlers[msg[0]](conn, state, *msg[1:])
+    except BaseException:  # noqa: BLE001  everything goes back to the learner
+        try:
+            conn.send(("error", traceback.format_exc()))
+        except OSError:
+            pass
+        code = 1
+    os._exit(code)  # vLLM's teardown may wait on its threads
+
+
+class CopyModel:
+    """What the floor's receiver loads a slot into: tensors of its own, one ``copy_`` per weight."""
+
+    def __init__(self):
+        self.tensors: dict = {}
+
+    def load(self, weights: dict) -> None:
+        import torch
+
+        if not self.tensors:
+            self.tensors = {name: torch.empty_like(t) for name, t in weights.items()}
+        for name, t in weights.items():
+            self.tensors[name].copy_(t)
+
+
+def floor_main(conn, receiver) -> None:
+    """The floor's process: ``engine_main``'s sync path with a CopyModel where vLLM would be."""
+
+    def setup():
+        import torch
+
+        torch.set_num_threads(1)
+        receiver.on_load = lambda version: conn.send(("doing", f"loading weights version {version}"))
+        receiver.connect(CopyModel())
+        return receiver
+
+    def sync(conn, receiver):
+        receiver.poll()
+        conn.send(("synced", receiver.version))
+
+    _serve(conn, setup, {"sync": sync})
+
+
+class TimedModel:
+    """``VLLMModel.load`` with its steps timed: the functions it calls are wrapped while it runs."""
+
+    def __init__(self, model):
+        self.model = model
+        self.times: dict[str, float] = {}
+
+    def load(self, weights: dict) -> None:
+        import vllm.model_executor.layers.utils as layer_utils
+        import vllm.model_executor.model_loader.reload.layerwise as layerwise
+        from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+        times, phase = defaultdict(float), [None]
+
+        def timed(step: str, fn):
+            def wrapper(*args, **kwargs):
+                inner = phase[0] is not None  # a repack inside load_weights or finalize counts as a repack
+                if not inner:
+                    phase[0] = step
+                t0 = time.perf_counter()
+                try:
+                    return fn(*args, **kwargs)
+                finally:
+                    seconds = time.perf_counter() - t0
+                    if not inner:
+                        times[step] += seconds
+                        phase[0] = None
+                    elif step == "GEMM repack":
+                        times[step] += seconds
+                        times[phase[0]] -= seconds  # the outer step's own time leaves its repacks out
+            return wrapper
+
+        patches = [(layerwise, "initialize_layerwise_reload", "initialize"),
+                   (layerwise, "finalize_layerwise_reload", "finalize"),
+                   (layer_utils, "dispatch_cpu_unquantized_gemm", "GEMM repack"),
+                   (UnquantizedEmbeddingMethod, "process_weights_after_loading", "embedding repack"),
+                   (self.model.model, "load_weights", "load_weights"),
+                   (self.model.llm, "reset_prefix_cache", "reset_prefix_cache")]
+        saved = [(owner, attr, owner.__dict__.get(attr)) for owner, attr, _ in patches]
+        for owner, attr, step in patches:
+            setattr(owner, attr, timed(step, getattr(owner, attr)))
+        t0 = time.perf_counter()
+        try:
+            self.model.load(weights)
+        finally:
+            total = time.perf_counter() - t0
+            for owner, attr, original in saved:
+                if original is None:
+                    delattr(owner, attr)  # an instance's attribute wrapped its class's method
+                else:
+                    setattr(owner, attr, original)
+        times["other"] = total - sum(times.values())
+        self.times = {"total": total, **times}
+
+
+def _start_vllm(source: str):
+    """vLLM's ``LLM`` in this process, as ``rltrain.llm.vllm_engine.engine_main`` starts it."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{KV_CACHE_GB:g}"
+    mp.set_start_method("fork", force=True)
+    from vllm import LLM
+
+    return LLM(model=source, dtype="float32", enforce_eager=True, seed=0)
+
+
+def load_one(model, name: str, tensor) -> None:
+    """One tensor into vLLM's model, as a per-parameter update does: vLLM's in-place reload for it alone."""
+    from vllm.model_executor.model_loader.reload.layerwise import (
+        finalize_layerwise_reload,
+        initialize_layerwise_reload,
+    )
+
+    initialize_layerwise_reload(model.model)
+    try:
+        model.model.load_weights(iter([(name, tensor)]))
+    finally:
+        finalize_layerwise_reload(model.model, model.runner.model_config)
+
+
+def repack_and_reset(model) -> None:
+    """What ``VLLMModel.load`` does once after the weights: the embedding's GEMM repack, the prefix-cache reset."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    for module in model.model.modules():
+        if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
+            module.quant_method.process_weights_after_loading(module)
+    model.llm.reset_prefix_cache()
+
+
+def probe_logprobs(llm, ids: list[int]) -> list[float]:
+    from vllm import SamplingParams
+
+    out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
+                       use_tqdm=False)[0]
+    return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]
+
+
+def peer_engine_main(conn, source: str, receiver) -> None:
+    """The per-tensor and file methods' engine: vLLM as rltrain's engine runs it, fed one tensor per
+    message, or a file per message; and a ``sync=vllm`` receiver whose loads are timed step by step."""
+
+    def setup():
+        import torch
+
+        from rltrain.llm.vllm_engine import VLLMModel
+
+        llm = _start_vllm(source)
+        model = VLLMModel(llm)
+        timed = TimedModel(model)
+        receiver.connect(timed)
+        return {"model": model, "timed": timed, "receiver": receiver, "torch": torch}
+
+    def tensor(conn, state, name, shape, dtype, nbytes):
+        torch = state["torch"]
+        buffer = bytearray(nbytes)
+        conn.recv_bytes_into(buffer)
+        load_one(state["model"], name, torch.frombuffer(buffer, dtype=dtype).view(shape))
+        conn.send(("loaded",))
+
+    def tensors_done(conn, state):
+        repack_and_reset(state["model"])
+        conn.send(("loaded",))
+
+    def file(conn, state, path):
+        from safetensors.torch import load_file
+
+        state["model"].load(load_file(path))
+        conn.send(("loaded",))
+
+    def profile(conn, state):
+        state["receiver"].poll()
+        conn.send(("profiled", state["timed"].times))
+
+    def probe(conn, state, ids):
+        conn.send(("probed", probe_logprobs(state["model"].llm, ids)))
+
+    _serve(conn, setup, {"tensor": tensor, "tensors_done": tensors_done, "file": file, "profile": profile,
+                         "probe": probe})
+
+
+class Spawned:
+    """The learner's end of a process started by ``_serve``: requests and their bounded waits."""
+
+    def __init__(self, target, args: tuple, name: str, start_timeout_s: float = TIMEOUT_S):
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        self.name = name
+        self.proc = ctx.Process(target=target, args=(child, *args), name=name, daemon=True)
+        try:
+            self.proc.start()
+        finally:
+            child.close()
+        try:
+            self.wait("ready", start_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def request(self, msg: tuple, answer: str) -> tuple:
+        self.conn.send(msg)
+        return self.wait(answer)
+
+    def wait(self, answer: str, timeout_s: float = TIMEOUT_S) -> tuple:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            ready = wait([self.conn, self.proc.sentinel], timeout=max(0.0, deadline - time.monotonic()))
+            if self.conn in ready:
+                msg = self.conn.recv()
+                if msg[0] == "doing":
+                    continue
+                if msg[0] == "error":
+                    raise RuntimeError(f"{self.name} failed:\n{msg[1]}")
+                if msg[0] != answer:
+                    raise RuntimeError(f"{self.name} sent {msg[0]!r} while {answer!r} was awaited")
+                return msg
+            if self.proc.sentinel in ready:
+                raise RuntimeError(f"{self.name} died (exit code {self.proc.exitcode})")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not answer {answer!r} within {timeout_s:g} s")
+
+    def close(self) -> None:
+        if self.proc is None:
+            return
+        try:
+            self.conn.send(("close",))
+        except OSError:
+            pass
+        self.proc.join(timeout=10)
+        if self.proc.is_alive():
+            self.proc.kill()
+            self.proc.join(timeout=5)
+        self.conn.close()
+        self.proc = None
+
+
+# --- the learner's side ---------------------------------------------------------------------------------------------
+
+def learner_logprobs(learner, ids: list[int]) -> list[float]:
+    import torch
+
+    with torch.no_grad():
+        logits = learner(torch.tensor([ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1).tolist()
+
+
+def send_per_tensor(peer: Spawned, weights: dict) -> None:
+    import torch
+
+    for name, t in weights.items():
+        t = t.contiguous()
+        peer.conn.send(("tensor", name, tuple(t.shape), t.dtype, t.numel() * t.element_size()))
+        peer.conn.send_bytes(t.view(-1).view(torch.uint8).numpy())
+        peer.wait("loaded")
+    peer.request(("tensors_done",), "loaded")
+
+
+def memory_available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
+    import torch
+    from safetensors.torch import save_file
+
+    from rltrain.llm.model import LanguageModel, served_weights
+    from rltrain.llm.tiny import write_tiny_model
+    from rltrain.llm.vllm_engine import VLLMEngine
+    from rltrain.sync.vllm import VLLMSync
+
+    torch.set_num_threads(ctx.threads)
+    judge = not ctx.quick
+    floor_table = Table(f"{TITLE}: ms until the engine holds the new version, median [p10-p90] of {rounds} rounds, "
+                        f"each method's over the floor's", [FLOOR, OURS, PER_TENSOR, FILE], ratio_to=FLOOR,
+                        ratio_header="{peer} / floor", ratio_mode="over")
+    wins_table = Table(f"{TITLE}: how many times faster rltrain's push is than one call per tensor and a file",
+                       [OURS, PER_TENSOR, FILE])
+    profile_table = Table(f"{TITLE}: where VLLMModel.load's time goes (the per-tensor/file engine loading each "
+                          "round's pushed slot through a sync=vllm receiver, its steps timed): ms, median [p10-p90]",
+                          ["total", *STEPS], ratio_to=None)
+    methods = [OURS, FLOOR, PER_TENSOR, FILE]
+    for hidden, layers in sizes:
+        with tempfile.TemporaryDirectory(prefix="rltrain-vllm-push-") as tmp, \
+                tempfile.TemporaryDirectory(prefix="rltrain-vllm-push-", dir="/dev/shm") as shm:
+            source = str(write_tiny_model(Path(tmp) / "model", hidden_size=hidden, layers=layers))
+            model = LanguageModel(source)
+            learner = model.load()
+            weights = served_weights(learner)
+            n_params = sum(t.numel() for t in weights.values())
+            nbytes = sum(t.numel() * t.element_size() for t in weights.values())
+            label = f"{n_params / 1e6:.1f}M params ({hidden} x {layers} layers, {len(weights)} tensors)"
+            if memory_available() < MEMORY_FACTOR * nbytes:
+                for table in (floor_table, wins_table):
+                    table.notes.append(f"{label}: skipped, {memory_available() / 2**30:.1f} GiB available "
+                                       f"< {MEMORY_FACTOR} x the weights' {nbytes / 2**30:.2f} GiB")
+                continue
+            scheme = VLLMSync()
+            sender = scheme.sender(learner)
+            engine = floor = peer = None
+            try:
+                engine = VLLMEngine(source, model.tokenizer(), scheme.receiver(), timeout_s=TIMEOUT_S,
+                                    start_timeout_s=TIMEOUT_S)
+                receiver = scheme.receiver()
+                floor = Spawned(floor_main, (receiver,), "the floor's process")
+                receiver.after_spawn()
+                receiver = scheme.receiver()
+                peer = Spawned(peer_engine_main, (source, receiver), "the per-tensor/file engine")
+                receiver.after_spawn()
+                files = [os.path.join(shm, f"weights-{i}.safetensors") for i in range(2)]
+
+                def step(method: str) -> None:
+                    if method == OURS:
+                        version = sender.push()
+                        if engine.sync() != version:
+                            raise RuntimeError(f"the engine holds version {engine.version}, not {version}")
+                    elif method == FLOOR:
+                        version = sender.push()
+                        if floor.request(("sync",), "synced")[1] != version:
+                            raise RuntimeError(f"the floor's process did not load version {version}")
+                    elif method == PER_TENSOR:
+                        send_per_tensor(peer, weights)
+                    else:
+                        files.reverse()  # TorchRL's double buffer: the file not written last time
+                        save_file({name: t.contiguous() for name, t in weights.items()}, files[0])
+                        peer.request(("file", files[0]), "loaded")
+
+                samples = {m: [] for m in methods}
+                steps = defaultdict(list)
+                first = next(iter(weights.values()))
+                for round_ in range(1 + rounds):  # a warm-up round, then rounds alternating between methods
+                    for method in methods:
+                        with torch.no_grad():
+                            first.add_(1e-3)
+                        t0 = time.perf_counter()
+                        step(method)
+                        if round_:
+                            samples[method].append((time.perf_counter() - t0) * 1e3)
+                    with torch.no_grad():
+                        first.add_(1e-3)
+                    t0 = time.perf_counter()
+                    sender.push()
+                    pushed = time.perf_counter() - t0
+                    times = peer.request(("profile",), "profiled")[1]
+                    if round_:
+                        steps["push (learner)"].append(pushed * 1e3)
+                        for key, seconds in times.items():
+                            steps[key].append(seconds * 1e3)
+                # each method's result against the learner's own log-probs, under one more version
+                ids = model.tokenizer()("reverse 123: 321 and sort 93: 39", add_special_tokens=False)["input_ids"]
+                with torch.no_grad():
+                    first.add_(1e-3)
+                expected = torch.tensor(learner_logprobs(learner, ids))
+                error = {}
+                step(OURS)
+                error[OURS] = (engine.probe(ids)[0] - expected).abs().max().item()
+                for method in (PER_TENSOR, FILE):
+                    step(method)
+                    got = torch.tensor(peer.request(("probe", ids), "probed")[1])
+                    error[method] = (got - expected).abs().max().item()
+            finally:
+                for process in (engine, floor, peer):
+                    if process is not None:
+                        process.close()
+                sender.close()
+            cells = {m: Stat(samples[m]) for m in methods}
+            extra = {f"{m} max |dlogp|": f"{error[m]:.2g}" for m in (OURS, PER_TENSOR, FILE)}
+            floor_table.rows.append(Row(label, dict(cells), target="" if not judge else "rltrain <= 1.3x floor",
+                                        goals=(Goal(OURS, at_most=1.3),) if judge else (), extra=extra))
+            wins_table.rows.append(Row(label, {m: cells[m] for m in (OURS, PER_TENSOR, FILE)},
+                                       target="" if not judge else ">= 5x both",
+                                       goals=(Goal(PER_TENSOR, at_least=5), Goal(FILE, at_least=5)) if judge else ()))
+            profile_table.rows.append(Row(label, {k: Stat(steps[k]) for k in ["total", *STEPS] if steps.get(k)},
+                                          extra={"push (learner)": Stat(steps["push (learner)"]).format(),
+                                                 "weights MB": f"{nbytes / 1e6:.1f}"}))
+    floor_table.notes += [
+        "floor: the same push into the same shared-memory slots, loaded by a process with no vLLM (a copy_ per "
+        "tensor); per tensor: a pipe message and an acknowledged vLLM reload per parameter; file: safetensors in "
+        "/dev/shm, loaded by one message (see the module docstring)",
+        "max |dlogp|: the engine's log-probs of a fixed sequence against the learner's, after one more load"]
+    return [floor_table, wins_table, profile_table]
+
+
+def generation_table(ctx, rounds: int) -> Table:
+    import torch
+
+    from rltrain.llm.engine import Sampling, TransformersEngine
+    from rltrain.llm.model import LanguageModel
+    from rltrain.llm.tasks import ReverseDigits
+    from rltrain.llm.tiny import tiny_model_dir
+    from rltrain.llm.vllm_engine import VLLMEngine
+    from rltrain.sync.vllm import VLLMSync
+
+    torch.set_num_threads(ctx.threads)
+    model = LanguageModel(str(tiny_model_dir()))
+    learner = model.load()
+    tok = model.tokenizer()
+    local = TransformersEngine(learner, tok)
+    prompts = [r["prompt"] for r in ReverseDigits(length=1, seed=0).take(PROMPTS)]
+    sampling = Sampling(1.0, 1.0, MAX_NEW_TOKENS)
+    columns = ["vllm", "transformers"]
+    table = Table(f"Generation: {PROMPTS} prompts x {GROUP} completions of the tiny model, sampled (temperature 1, "
+                  f"top_p 1, max_new_tokens {MAX_NEW_TOKENS}, seed 0 every call), CPU: generated tokens/s, "
+                  f"median [p10-p90] of {rounds} rounds", columns, ratio_to="vllm")
+    table.notes.append(f"vllm: VLLMEngine.generate (vLLM {_vllm_version()} in its own process, 1 torch thread); "
+                       f"transformers: TransformersEngine.generate in this process, {ctx.threads} torch thread(s)")
+    scheme = VLLMSync()
+    sender = scheme.sender(learner)
+    engine = VLLMEngine(model.source(), tok, scheme.receiver(), timeout_s=TIMEOUT_S, start_timeout_s=TIMEOUT_S)
+    samples, ms = {c: [] for c in columns}, {c: [] for c in columns}
+    try:
+        for round_ in range(1 + rounds):
+            for column, eng in (("vllm", engine), ("transformers", local)):
+                t0 = time.perf_counter()
+                tokens = int(eng.generate(prompts, GROUP, sampling, seed=0).completion_mask.sum())
+                seconds = time.perf_counter() - t0
+                if round_:
+                    samples[column].append(tokens / seconds)
+                    ms[column].append(seconds * 1e3)
+    finally:
+        engine.close()
+        sender.close()
+    row = Row(f"max_new_tokens {MAX_NEW_TOKENS}", {c: Stat(v, "tokens/s", True) for c, v in samples.items()})
+    for c in columns:
+        row.extra[f"{c} ms per call"] = f"{statistics.median(ms[c]):.1f}"
+    table.rows.append(row)
+    return table
+
+
+def _vllm_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return "?"
+
+
+def run(ctx) -> list[Table]:
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        raise RuntimeError("vLLM is not installed here (pip install 'rltrain[vllm]'; on a CPU box, vLLM's CPU build)")
+    shm_before = set(os.listdir("/dev/shm"))
+    sizes, rounds = (SIZES[:1], QUICK_ROUNDS) if ctx.quick else (SIZES, ROUNDS)
+    tables = push_tables(ctx, sizes, rounds)
+    tables.append(generation_table(ctx, rounds))
+    left = sorted(set(os.listdir("/dev/shm")) - shm_before)
+    shm = f"left behind: {', '.join(left)}" if left else "nothing new"
+    tables[0].notes.append(f"/dev/shm after the category: {shm}")
+    return tables
