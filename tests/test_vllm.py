@@ -154,6 +154,30 @@ def test_a_learner_whose_weights_vllm_cannot_take_is_refused_naming_them(tmp_pat
         VLLMEngine(str(served_dir), LanguageModel(str(served_dir)).tokenizer(), scheme.receiver(), timeout_s=60)
 
 
+def test_a_lora_learner_reaches_the_engine_merged(tmp_path):
+    from rltrain.llm.vllm_engine import VLLMEngine
+
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")), lora_rank=4)
+    learner = model.load()
+    with torch.no_grad():  # adapters that change the model (B starts at 0)
+        for name, p in learner.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    scheme = VLLMSync()
+    scheme.sender(learner)
+    engine = VLLMEngine(model.source(), model.tokenizer(), scheme.receiver(), timeout_s=60)
+    try:
+        ids = model.tokenizer()("reverse 123: 321", add_special_tokens=False)["input_ids"]
+        merged = LanguageModel.merged(learner)
+        held, _ = engine.probe(ids)
+        assert torch.allclose(held, _learner_probe(model, merged, ids), atol=1e-4)  # the merged model
+        with learner.disable_adapter():
+            base = _learner_probe(model, learner, ids)
+        assert not torch.allclose(held, base, atol=1e-2)  # never the base weights alone
+    finally:
+        engine.close()
+
+
 def test_a_killed_engine_fails_the_batch_naming_it_and_leaves_nothing_behind(tmp_path):
     from rltrain.llm.vllm_engine import VLLMEngine
 
