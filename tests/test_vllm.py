@@ -178,48 +178,19 @@ def test_a_lora_learner_reaches_the_engine_merged(tmp_path):
         engine.close()
 
 
-def test_a_killed_engine_fails_the_batch_naming_it_and_leaves_nothing_behind(tmp_path):
-    from rltrain.llm.vllm_engine import VLLMEngine
-
-    shm = _shm()
-    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
-    scheme = VLLMSync(timeout_s=5)
-    sender = scheme.sender(model.load())
-    engine = VLLMEngine(model.source(), model.tokenizer(), scheme.receiver(), timeout_s=30)
-    try:
-        sender.push()
-        engine.submit(PROMPTS * 40, 8, Sampling(max_new_tokens=64))
-        os.kill(engine.pid, signal.SIGKILL)
-        started = time.monotonic()
-        with pytest.raises(CollectorError, match=rf"the vLLM engine \(pid {engine.pid}\) died \(killed by SIGKILL\) "
-                                                 r"while (generating|loading weights version 1)"):
-            engine.collect()
-        assert time.monotonic() - started < 30
-    finally:
-        engine.close()
-    assert _shm() <= shm  # nothing left in /dev/shm
-
-
-def test_the_single_token_task_learns_through_vllm(tmp_path):
-    summary = build(make_config(*ONE_TOKEN, *VLLM), run_dir=tmp_path / "run").fit()
+@pytest.mark.slow
+def test_the_single_token_task_learns_through_vllm_generating_one_push_behind(tmp_path):
+    # collector.max_lag=1: each batch is generated while the learner updates on the one before, with the
+    # weights one push older than the learner's; GRPO's truncated importance sampling corrects for it
+    summary = build(make_config(*ONE_TOKEN, *VLLM, "collector.max_lag=1"), run_dir=tmp_path / "run").fit()
     rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
     assert summary["status"] == "completed" and summary["frames"] == 19200
     assert rows[0]["reward/mean"] < 0.2, rows[0]  # chance, from random weights
     assert rows[-1]["reward/mean"] > 0.8 and summary["train_return"] > 0.8, rows[-1]
     assert summary["eval_return"] > 0.9
-    assert summary["sync"]["pushes"] == 150 and summary["sync"]["max_lag"] == 0
-
-
-def test_generating_one_push_behind_learns_with_lag_one_and_stops_on_sigterm(tmp_path):
-    shm = _shm()
-    overrides = (*ONE_TOKEN, *VLLM, "collector.max_lag=1", "trainer.total_frames=6400", "hydra.run.dir=run")
-    result = run_cli(*overrides, cwd=tmp_path, timeout=300)
-    assert result.returncode == 0, result.stderr
-    summary = json.loads((tmp_path / "run/summary.json").read_text())
-    assert summary["status"] == "completed" and summary["sync"]["max_lag"] == 1
-    rows = read_jsonl(tmp_path / "run/metrics.jsonl")
-    assert all("grpo/tis/ratio_max" in row for row in rows)
-    assert _shm() <= shm
+    assert summary["sync"]["pushes"] == 150 and summary["sync"]["max_lag"] == 1  # one push behind, no more
+    # the learner has moved on from the sampler (the engine's numerics alone differ by ~1e-6)
+    assert max(row["grpo/tis/ratio_max"] for row in rows) > 1.01
 
 
 def test_a_run_stopped_by_sigterm_stops_its_engine_and_resumes_as_if_never_stopped(tmp_path):
