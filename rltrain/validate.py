@@ -217,6 +217,7 @@ def _check_cross(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
                           f"{_label('collector', collector)} runs in the learner's process; use sync=shared_mem with "
                           f"it, or collector=lockstep|async with {_label('sync', sync)}")
     _check_job(cfg, collector, sync)
+    _check_engine(cfg, parts)
     why = capability(algo, Algo, "NEEDS_PUSHES")
     if why and not capability(sync, WeightSyncScheme, "PUSHES"):
         raise ConfigError(f"{_label('algo', algo)} with {_label('sync', sync)}: {why}; use sync=shared_mem")
@@ -327,7 +328,6 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     require_transformers("algo=grpo")
     model = LanguageModel(**parts["model"][1])
     model.check()
-    _check_engine(parts)
     for name, node in (cfg.env.get("rewards") or {}).items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
             raise ConfigError(f"env.rewards.{name} must be a mapping with a _target_ (a function (prompt, completion, "
@@ -340,28 +340,49 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     _check_prompt_lengths(model, task, parts["collector"][1].get("max_new_tokens", 16))
 
 
-def _check_engine(parts: dict[str, tuple[type, dict]]) -> None:
-    """A vLLM engine is installed and fed by sync=vllm; sync=vllm has a vLLM engine to feed."""
+def _check_engine(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
+    """A vLLM engine is installed, fed by sync=vllm, and asked only what it does; sync=vllm has a
+    vLLM engine to feed."""
+    from rltrain.collectors.generation import GenerationCollector
     from rltrain.sync.vllm import VLLMSync
 
-    collector = parts["collector"][1]
-    engine, sync = collector.get("engine", "transformers"), parts["sync"][0]
-    feeds_vllm = isinstance(sync, type) and issubclass(sync, VLLMSync)
-    if engine == "vllm":
-        if importlib.util.find_spec("vllm") is None:
-            raise ConfigError("collector.engine=vllm needs vLLM, which is not installed: pip install 'rltrain[vllm]' "
-                              "(vLLM's CPU build; on a GPU machine: pip install vllm)")
-        if not feeds_vllm:
-            raise ConfigError(f"collector.engine=vllm gets its weights only through sync=vllm (not "
-                              f"{_label('sync', sync)}); add sync=vllm")
-    else:
-        if feeds_vllm:
-            raise ConfigError("sync=vllm pushes into a vLLM engine, and collector.engine=transformers has none; add "
-                              "collector.engine=vllm, or use sync=shared_mem")
-        if collector.get("max_lag"):
+    collector_cls, collector = parts["collector"]
+    sync = parts["sync"][0]
+    generates = isinstance(collector_cls, type) and issubclass(collector_cls, GenerationCollector)
+    engine = collector.get("engine", "transformers") if generates else None
+    if isinstance(sync, type) and issubclass(sync, VLLMSync):
+        if engine != "vllm":
+            raise ConfigError(f"sync=vllm pushes into a vLLM engine, and {_label('collector', collector_cls)}"
+                              f"{' with collector.engine=' + engine if engine else ''} has none; use algo=grpo "
+                              "collector.engine=vllm with it, or sync=shared_mem")
+        if parts["sync"][1].get("every", 1) != 1:
+            raise ConfigError(f"sync.every={parts['sync'][1]['every']} with sync=vllm: a resumed run could not give "
+                              "the engine back the weights it held between pushes; use sync.every=1")
+    if not generates:
+        return
+    lag = collector.get("max_lag", 0)
+    if engine != "vllm":
+        if lag:
             raise ConfigError("collector.max_lag > 0 generates the next batch while the learner updates, which only "
                               "an engine of its own process can; add collector.engine=vllm sync=vllm, or set "
                               "collector.max_lag=0")
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError("collector.engine=vllm needs vLLM, which is not installed: pip install 'rltrain[vllm]' "
+                          "(vLLM's CPU build; on a GPU machine: pip install vllm)")
+    if not (isinstance(sync, type) and issubclass(sync, VLLMSync)):
+        raise ConfigError(f"collector.engine=vllm gets its weights only through sync=vllm (not "
+                          f"{_label('sync', sync)}); add sync=vllm")
+    if lag not in (0, 1):
+        raise ConfigError(f"collector.max_lag={lag} with collector.engine=vllm: the collector asks for one batch "
+                          "ahead at most; use 0 (generate, then update) or 1 (generate the next batch meanwhile)")
+    if collector.get("top_p", 1.0) < 1:
+        raise ConfigError(f"collector.top_p={collector['top_p']} with collector.engine=vllm: vLLM reports the "
+                          "log-probs of the cut distribution, the learner those of the whole one; use "
+                          "collector.top_p=1 (or collector.engine=transformers)")
+    if resolve_device(cfg.get("device", "auto")).type != "cpu":
+        raise ConfigError(f"collector.engine=vllm with device={cfg.get('device', 'auto')}: the GPU engine (its memory "
+                          "share beside the learner, NCCL pushes) is not built yet; use device=cpu")
 
 
 def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:

@@ -31,7 +31,7 @@ def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
              ("algo", "sac"): ["env=pendulum"], ("env", "atari"): ["+hooks.eval.max_steps=300"],
              ("env", "atari_loop"): ["+hooks.eval.max_steps=300"], ("env", "arithmetic"): LANGUAGE,
              ("env", "reverse"): LANGUAGE, ("collector", "generation"): LANGUAGE, ("hooks", "llm"): LANGUAGE,
-             ("model", "tiny"): LANGUAGE,
+             ("model", "tiny"): LANGUAGE, ("sync", "vllm"): [*LANGUAGE, "collector.engine=vllm"],
              ("env", "dataset"): [*LANGUAGE, f"env.path={DATA / 'sums.jsonl'}", "env.prompt_key=question"],
              }.get((group, choice), [])
     cfg = make_config(f"{group}={choice}", "trainer.total_frames=512", *extra)

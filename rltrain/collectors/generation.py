@@ -80,7 +80,8 @@ class GenerationCollector(Collector):
             self.engine = TransformersEngine(make_policy().to(device), model.tokenizer())
             self.receiver.connect(self.engine.model)
         self._local = engine == "transformers"  # its weights come through this process's receiver
-        self._pending: tuple[list[dict], dict, float] | None = None  # a batch asked of the engine: rows, task state
+        self._pending: tuple[list[dict], float] | None = None  # a batch asked of the engine: its rows, and when
+        self._ready: TensorDict | None = None  # a batch generated ahead, finished for a checkpoint, not yet returned
 
     def __iter__(self) -> Iterator[TensorDict]:
         while True:
@@ -89,28 +90,30 @@ class GenerationCollector(Collector):
     def collect(self) -> TensorDict:
         """One batch: the next prompts, with the newest weights, scored. With ``max_lag`` (the vLLM
         engine), the batch after it is asked for before this one is returned."""
-        if self._pending is None:
-            self._submit()
-        batch = self._finish()
+        if self._ready is not None:
+            batch, self._ready = self._ready, None
+        else:
+            if self._pending is None:
+                self._submit()
+            batch = self._finish()
         if self.max_lag and not self._local:
             self._submit()  # generates while the learner updates on this batch
         return batch
 
     def _submit(self) -> None:
-        state = self.task.state_dict()
         rows = self.task.take(self.prompts_per_batch)
         prompts = [self.model.prompt_text(self.engine.tokenizer, row["prompt"]) for row in rows]
         seed = self.seed + self.batches
         self.batches += 1
-        started = time.perf_counter()
         if self._local:  # the newest weights; the vLLM engine's process loads them itself
             self.receiver.poll()
             self.engine.version = self.receiver.version
+        started = time.perf_counter()
         self.engine.submit(prompts, self.group_size, self.sampling, seed=seed)
-        self._pending = (rows, state, started)
+        self._pending = (rows, started)
 
     def _finish(self) -> TensorDict:
-        rows, _, started = self._pending
+        rows, started = self._pending
         generated = self.engine.collect()
         self._pending = None
         seconds = self.engine.generate_s or time.perf_counter() - started  # not the learner's update meanwhile
@@ -119,16 +122,19 @@ class GenerationCollector(Collector):
     def state_dict(self) -> dict:
         """Where the task is (its next prompt), and the seed and count of the batches drawn (batch n
         samples with seed + n: a resumed run draws what the uninterrupted one would have). A batch
-        asked for but not yet returned is not counted: a resumed run asks for it again."""
+        asked for ahead (``max_lag``) is finished and saved too: a resumed run returns it first, as
+        it was generated (one push behind), as the uninterrupted run does."""
         if self._pending is not None:
-            return {"task": self._pending[1], "seed": self.seed, "batches": self.batches - 1}
-        return {"task": self.task.state_dict(), "seed": self.seed, "batches": self.batches}
+            self._ready = self._finish()
+        state = {"task": self.task.state_dict(), "seed": self.seed, "batches": self.batches}
+        return state if self._ready is None else {**state, "ready": self._ready}
 
     def load_state_dict(self, state: dict) -> None:
-        if self._pending is not None:
-            raise ValueError("cannot restore the task while a batch is being generated")
+        if self._pending is not None or self._ready is not None:
+            raise ValueError("cannot restore the task with a batch generated ahead of it")
         self.task.load_state_dict(state["task"])
         self.seed, self.batches = int(state["seed"]), int(state["batches"])
+        self._ready = state.get("ready")
 
     def close(self) -> None:
         self.engine.close()

@@ -90,7 +90,9 @@ class Engine(ABC):
 
     def collect(self) -> Generated:
         """The completions the last ``submit`` asked for."""
-        generated, self._submitted = self._submitted, None
+        generated, self._submitted = getattr(self, "_submitted", None), None
+        if generated is None:
+            raise RuntimeError("collect() without submit()")
         return generated
 
     def close(self) -> None:

@@ -128,26 +128,6 @@ class LanguageModel:
                                              add_generation_prompt=True)
 
 
-@torch.no_grad()
-def served_weights(model) -> dict[str, torch.Tensor]:
-    """What an inference engine (vLLM) loads of ``model``: its parameters by their Hugging Face names;
-    for a model with LoRA adapters, its base weights with the adapters merged in (computed at each
-    call: ``model`` stays as it is), never the base weights alone."""
-    base = base_model(model)
-    if base is model:
-        return {name: p.detach() for name, p in model.named_parameters()}
-    from peft.tuners.lora import LoraLayer
-
-    weights = {name.replace(".base_layer.", "."): p.detach() for name, p in base.named_parameters()
-               if ".lora_" not in name}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer) and not module.merged:
-            deltas = [module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A]
-            if deltas:
-                weights[f"{name}.weight"] = weights[f"{name}.weight"] + sum(deltas)
-    return weights
-
-
 def base_model(model):
     """The transformers model itself: under a peft model (LoRA), the model it wraps."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model

@@ -38,8 +38,7 @@ class VLLMEngine(Engine):
     (``sync=vllm``'s); ``submit`` then ``collect`` (or ``generate``, both) a batch of completions."""
 
     def __init__(self, source: str, tokenizer, receiver, seed: int = 0, dtype: str = "float32",
-                 kv_cache_gb: float = 1.0, timeout_s: float = 120.0,
-                 start_timeout_s: float = 300.0):
+                 kv_cache_gb: float = 1.0, timeout_s: float = 120.0):
         self.tokenizer, self.timeout_s = tokenizer, timeout_s
         self._doing = "starting"
         options = {"dtype": dtype, "seed": seed, "enforce_eager": True,
@@ -56,7 +55,7 @@ class VLLMEngine(Engine):
         receiver.after_spawn()
         self._pending: tuple | None = None
         try:
-            self.version = self._wait("ready", start_timeout_s)[1]
+            self.version = self._wait("ready", timeout_s)[1]
         except BaseException:
             self.close()
             raise
@@ -72,6 +71,7 @@ class VLLMEngine(Engine):
     def submit(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> None:
         """Ask for ``group_size`` completions of each prompt; the engine starts at once, with the
         newest pushed weights, while this process goes on (``collect`` waits for them)."""
+        self._idle("submit")
         tok = self.tokenizer
         tok.padding_side = "left"
         encoded = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
@@ -102,15 +102,21 @@ class VLLMEngine(Engine):
 
     def probe(self, ids: list[int]) -> tuple[torch.Tensor, int]:
         """Each token's log-prob (after the first) under the weights the engine holds, and their version."""
+        self._idle("probe")
         self._send(("probe", ids), "scoring a probe sequence")
         _, logprobs, version = self._wait("probed", self.timeout_s)
         return torch.tensor(logprobs), version
 
     def sync(self) -> int:
         """Have the engine load the newest pushed weights now; returns the version it holds."""
+        self._idle("sync")
         self._send(("sync",), "loading pushed weights")
         self.version = self._wait("synced", self.timeout_s)[1]
         return self.version
+
+    def _idle(self, what: str) -> None:
+        if self._pending is not None:  # its answer would be taken for the other's
+            raise RuntimeError(f"{what}() while a batch is being generated: collect() it first")
 
     def _send(self, msg: tuple, doing: str) -> None:
         self._doing = doing
@@ -156,6 +162,8 @@ class VLLMEngine(Engine):
         """Stop the engine process (killed if it does not stop within 10 s); safe to call twice."""
         if self._proc is None:
             return
+        if self._pending is not None:  # a batch nobody will collect: no need to wait for it
+            self._proc.terminate()
         try:
             self._conn.send(("close",))
         except OSError:
@@ -176,6 +184,7 @@ class VLLMModel:
         self.runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
         self.model = self.runner.get_model()
         self.expected = {name for name, _ in self.model.named_parameters()}
+        self.checkpoint = _checkpoint_names(self.runner.model_config.model)
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """Load weights named as in the Hugging Face checkpoint (vLLM fuses and repacks them as it loads
@@ -192,6 +201,13 @@ class VLLMModel:
             initialize_layerwise_reload,
         )
 
+        if self.checkpoint is not None and set(weights) != self.checkpoint:
+            # vLLM's own check is per fused weight: a learner without k_proj still "loads" qkv_proj
+            missing, extra = sorted(self.checkpoint - set(weights)), sorted(set(weights) - self.checkpoint)
+            raise ValueError("the learner's weights are not the served model's: "
+                             + "; ".join(f"{what}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+                                         for what, names in (("missing", missing), ("not in the served model", extra))
+                                         if names))
         current = [None]
 
         def named():
@@ -210,18 +226,38 @@ class VLLMModel:
         for module in self.model.modules():
             if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
                 module.quant_method.process_weights_after_loading(module)
-        self.llm.reset_prefix_cache()
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight update (cached keys and values "
+                               "of the old weights would be reused)")
         if missing := sorted(self.expected - set(loaded)):
             raise ValueError(f"the learner's weights leave vLLM's {', '.join(missing)} unloaded (the learner's model "
                              "has other names than the engine's)")
 
 
+def _checkpoint_names(source: str) -> set[str] | None:
+    """The weight names in a local model dir's safetensors files (None for a hub id or another format)."""
+    from pathlib import Path
+
+    files = sorted(Path(source).glob("*.safetensors")) if Path(source).is_dir() else []
+    if not files:
+        return None
+    from safetensors import safe_open
+
+    names = set()
+    for file in files:
+        with safe_open(file, "pt") as f:
+            names.update(f.keys())
+    return names
+
+
 def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) -> None:
     """The engine process: vLLM on ``source``, the receiver connected to it, requests served in order."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops the run and then closes the engine
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # Ctrl-C or a scheduler's SIGTERM to the learner's process group does not reach the engine (its own
+    # session): the learner finishes its step, checkpoints, then closes it. It dies with the learner.
+    os.setsid()
+    _die_with_parent()
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{kv_cache_gb:g}")
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{kv_cache_gb:g}"
     # vLLM and tqdm make multiprocessing locks in this process. Under the fork method a lock's semaphore
     # is unlinked as soon as it is made (no child needs its name); under spawn it stays in /dev/shm
     # until the learner's resource tracker removes it, or forever if the learner is killed.
@@ -253,6 +289,17 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
     os._exit(code)  # vLLM's own teardown may wait on threads the learner no longer needs
 
 
+def _die_with_parent() -> None:
+    """SIGKILL this process when its parent dies, even mid-generation (Linux; elsewhere the request
+    loop notices between requests)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _next(conn) -> tuple | None:
     """The learner's next request; None on close, or once the learner is gone."""
     parent = mp.parent_process()
@@ -274,9 +321,9 @@ def _generate(llm, rows: list[list[int]], group_size: int, sampling: Sampling, s
     n = 1 if sampling.greedy else group_size  # vLLM draws one greedy completion per request
     requests = [{"prompt_token_ids": ids} for ids in rows for _ in range(group_size // n)]
     params = [SamplingParams(n=n, max_tokens=sampling.max_new_tokens, logprobs=0,
-                             # each request a seed of its own: one seed for all would draw the same
-                             # random numbers for every prompt of the batch
-                             seed=None if seed is None else seed * len(requests) + i,
+                             # seeds of each request's own (vLLM seeds its n samples seed, seed + 1, ...): one
+                             # seed for all would draw the same random numbers for every prompt
+                             seed=None if seed is None else (seed * len(requests) + i) * n,
                              temperature=0.0 if sampling.greedy else sampling.temperature,
                              top_p=1.0 if sampling.greedy else sampling.top_p, top_k=0,
                              stop=list(sampling.stop) or None, include_stop_str_in_output=True,

@@ -189,6 +189,8 @@ SLOTS = Integer(2, note="one published, one being written")  # sync.slots
 class SharedMemSync(WeightSyncScheme):
     """Versioned snapshots in ``slots`` shared-memory buffers, read in place by every collector."""
 
+    _sender_class, _receiver_class = _SharedMemSender, _SharedMemReceiver  # a subclass's own, where it has them
+
     def __init__(self, every: int | None = 1, slots: Annotated[int, SLOTS] = 3, timeout_s: PositiveNumber = 30.0):
         SLOTS.check("sync.slots", slots)  # also when built from Python, not from a config
         super().__init__(every)
@@ -208,7 +210,7 @@ class SharedMemSync(WeightSyncScheme):
         slots[0].copy_from(weights)  # the initial weights, in slot 0
         self._shared = _Shared(slots, self.timeout_s)
         self._shared.word.fill_(version * self.n_slots)
-        sender = _SharedMemSender(policy, self._shared, self.weights_of)
+        sender = self._sender_class(policy, self._shared, self.weights_of)
         sender.version = version
         return sender
 
@@ -217,4 +219,4 @@ class SharedMemSync(WeightSyncScheme):
             raise SyncError("SharedMemSync.receiver() called before sender(): the learner's policy defines the layout")
         pin = torch.full((1,), -1, dtype=torch.int64).share_memory_()
         self._shared.pins.append(pin)
-        return _SharedMemReceiver(self._shared, pin)
+        return self._receiver_class(self._shared, pin)

@@ -3,11 +3,11 @@
 The learner's side is ``sync=shared_mem``'s: each push copies the weights into a free shared-memory
 slot and publishes its version and index together, one copy whatever the model's size, no call per
 tensor. What is published is what vLLM loads: the parameters by their Hugging Face names, and for a
-model with LoRA adapters the merged weights (``rltrain.llm.model.served_weights``).
+model with LoRA adapters the merged weights (``served_weights``).
 
 The receiver lives in the engine's process. Before each request the engine serves, it loads the
-newest published slot into vLLM's model (vLLM's own ``load_weights``, which fuses and repacks as
-it loads a checkpoint), holding the slot pinned while it reads, so that no completion is generated
+newest published slot into vLLM's model (vLLM's own in-place reload, which fuses and repacks as it
+loads a checkpoint), holding the slot pinned while it reads, so that no completion is generated
 with a mix of two versions. The first load is also the check: a learner whose weights have names
 or shapes vLLM's model does not take is refused then, naming them. Slots reach the engine as file
 descriptors when it is spawned: nothing is left in /dev/shm whatever way either process ends.
@@ -21,28 +21,35 @@ import torch
 from torch import nn
 
 from rltrain.errors import SyncError
-from rltrain.sync.shared_mem import SharedMemSync, _SharedMemReceiver
+from rltrain.sync.shared_mem import SharedMemSync, _SharedMemReceiver, _SharedMemSender
 
 
-class VLLMSync(SharedMemSync):
-    """``sync=shared_mem``'s versioned slots, loaded by a vLLM engine before each of its generations."""
+@torch.no_grad()
+def served_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """What an inference engine loads of a transformers ``model``: its parameters by their Hugging Face
+    names; for a peft model (LoRA), its base weights with the adapters merged in (computed at each
+    call: ``model`` stays as it is), never the base weights alone."""
+    if not hasattr(model, "get_base_model"):
+        return {name: p.detach() for name, p in model.named_parameters()}
+    from peft.tuners.lora import LoraLayer
 
-    @staticmethod
-    def weights_of(policy: nn.Module) -> dict[str, torch.Tensor]:
-        from rltrain.llm.model import served_weights
+    base = model.get_base_model()
+    weights = {name.replace(".base_layer.", "."): p.detach() for name, p in base.named_parameters()
+               if ".lora_" not in name}
+    for name, module in base.named_modules():
+        if isinstance(module, LoraLayer) and not module.merged:
+            deltas = [module.get_delta_weight(a) for a in module.active_adapters if a in module.lora_A]
+            if deltas:
+                weights[f"{name}.weight"] = weights[f"{name}.weight"] + sum(deltas)
+    return weights
 
-        return served_weights(policy)
 
-    def sender(self, policy: nn.Module, version: int = 0):
-        sender = super().sender(policy, version)
-        # Checkpoints keep no copy of what was published: it is in vLLM's names (LoRA merged), not the
-        # policy's, so a resumed run publishes the learner's weights, which with sync.every=1 are the same.
-        sender.published = lambda: None
-        return sender
-
-    def receiver(self) -> _VLLMReceiver:
-        receiver = super().receiver()
-        return _VLLMReceiver(receiver._shared, receiver._pin)
+class _VLLMSender(_SharedMemSender):
+    def published(self) -> None:
+        """None: what is published is in vLLM's names (LoRA merged), not the policy's, so checkpoints keep
+        no copy of it; a resumed run publishes the learner's weights, the same with ``sync.every=1``
+        (the only value sync=vllm takes for now)."""
+        return None
 
 
 class _VLLMReceiver(_SharedMemReceiver):
@@ -73,3 +80,13 @@ class _VLLMReceiver(_SharedMemReceiver):
             self._pin.fill_(-1)  # loaded (copied into vLLM's own tensors): the slot is free again
         self.version = version
         return True
+
+
+class VLLMSync(SharedMemSync):
+    """``sync=shared_mem``'s versioned slots, loaded by a vLLM engine before each of its generations."""
+
+    _sender_class, _receiver_class = _VLLMSender, _VLLMReceiver
+
+    @staticmethod
+    def weights_of(policy: nn.Module) -> dict[str, torch.Tensor]:
+        return served_weights(policy)
