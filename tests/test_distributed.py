@@ -246,9 +246,10 @@ def test_a_killed_rank_fails_the_learner_naming_it(tmp_path):
     status = json.loads((run_dir / "summary.json").read_text())["status"]
     if status == "interrupted":
         # torchrun saw the dead rank first and sent the learner SIGTERM, which asks for a checkpoint: the
-        # learner stops as asked, and its log names the rank that died.
+        # learner stops as asked, and its log names the rank that died (or, when the stop came first, the
+        # rank whose envs the checkpoint could not hold because it is gone).
         log = (run_dir / "cli.log").read_text()
-        assert re.search(r"collector rank 1 .*died", log), log[-3000:]
+        assert re.search(r"collector rank 1 .*(died|\(gone\))", log), log[-3000:]
     else:
         assert re.search(r"collector rank 1 .*died", status), status
 
