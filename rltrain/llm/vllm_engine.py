@@ -185,6 +185,8 @@ class VLLMModel:
         self.model = self.runner.get_model()
         self.expected = {name for name, _ in self.model.named_parameters()}
         self.checkpoint = _checkpoint_names(self.runner.model_config.model)
+        if self.checkpoint is not None and getattr(self.runner.model_config.hf_config, "tie_word_embeddings", False):
+            self.checkpoint.discard("lm_head.weight")  # some checkpoints store the tied copy; the learner names it once
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """Load weights named as in the Hugging Face checkpoint (vLLM fuses and repacks them as it loads
