@@ -367,9 +367,11 @@ def _check_engine(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
                               "an engine of its own process can; add collector.engine=vllm sync=vllm, or set "
                               "collector.max_lag=0")
         return
-    if importlib.util.find_spec("vllm") is None:
+    url = collector.get("vllm_url")
+    if url is None and importlib.util.find_spec("vllm") is None:
         raise ConfigError("collector.engine=vllm needs vLLM, which is not installed: pip install 'rltrain[vllm]' "
-                          "(vLLM's CPU build; on a GPU machine: pip install vllm)")
+                          "(vLLM's CPU build; on a GPU machine: pip install vllm), or a vLLM server of your own "
+                          "(collector.vllm_url)")
     if not (isinstance(sync, type) and issubclass(sync, VLLMSync)):
         raise ConfigError(f"collector.engine=vllm gets its weights only through sync=vllm (not "
                           f"{_label('sync', sync)}); add sync=vllm")
@@ -383,6 +385,22 @@ def _check_engine(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     if resolve_device(cfg.get("device", "auto")).type != "cpu":
         raise ConfigError(f"collector.engine=vllm with device={cfg.get('device', 'auto')}: the GPU engine (its memory "
                           "share beside the learner, NCCL pushes) is not built yet; use device=cpu")
+    if url is not None:
+        _check_server(url)
+
+
+def _check_server(url) -> None:
+    """``collector.vllm_url`` is a URL where a vLLM server answers, in dev mode, with rltrain's worker
+    extension and the log-probs GRPO needs (asked of it now: a few seconds at most)."""
+    from rltrain.llm.vllm_server import ServerError, check_server
+
+    if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        raise ConfigError(f"collector.vllm_url={url!r} is not a URL; give the server's, e.g. "
+                          "collector.vllm_url=http://127.0.0.1:8000 (or null for rltrain's own engine)")
+    try:
+        check_server(url)
+    except ServerError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:

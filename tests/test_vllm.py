@@ -192,8 +192,14 @@ def test_a_lora_learner_reaches_the_engine_merged(tmp_path):
 def test_the_single_token_task_learns_through_vllm_generating_one_push_behind(tmp_path):
     # collector.max_lag=1: each batch is generated while the learner updates on the one before, with the
     # weights one push older than the learner's; GRPO's truncated importance sampling corrects for it
-    summary = build(make_config(*ONE_TOKEN, *VLLM, "collector.max_lag=1"), run_dir=tmp_path / "run").fit()
-    rows = read_jsonl(tmp_path / "run" / "metrics.jsonl")
+    learns_one_push_behind(tmp_path / "run")
+
+
+def learns_one_push_behind(run_dir, *overrides: str) -> None:
+    """The single-token task, through vLLM one push behind: from chance to near perfect in 19,200
+    completions, with the lag corrected."""
+    summary = build(make_config(*ONE_TOKEN, *VLLM, "collector.max_lag=1", *overrides), run_dir=run_dir).fit()
+    rows = read_jsonl(run_dir / "metrics.jsonl")
     assert summary["status"] == "completed" and summary["frames"] == 19200
     assert rows[0]["reward/mean"] < 0.2, rows[0]  # chance, from random weights
     assert rows[-1]["reward/mean"] > 0.8 and summary["train_return"] > 0.8, rows[-1]
@@ -223,26 +229,36 @@ def test_a_run_stopped_by_sigterm_stops_its_engine_and_resumes_as_if_never_stopp
 def test_an_engine_killed_mid_run_fails_the_run_naming_it(tmp_path):
     import psutil
 
-    shm, tag = _shm(), str(tmp_path)
-    run = subprocess.Popen([sys.executable, "-m", "rltrain", *SHORT, *VLLM, "trainer.total_frames=100000",
-                            "collector.timeout_s=60", "hydra.run.dir=run"], cwd=tmp_path,
-                           env={**os.environ, "PYTHONPATH": str(ROOT), "RLTRAIN_TEST_TAG": tag},
+    shm, tag, engine = _shm(), str(tmp_path), []
+
+    def kill_engine(run):
+        engine.extend(p for p in psutil.Process(run.pid).children() if "spawn_main" in " ".join(p.cmdline()))
+        engine[0].kill()
+
+    err = fails_when_killed_mid_run(tmp_path, kill_engine, env={"RLTRAIN_TEST_TAG": tag})
+    assert f"the vLLM engine (pid {engine[0].pid}) died (killed by SIGKILL) while" in err, err[-2000:]
+    assert not _left_behind(tag) and _shm() <= shm
+
+
+def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None = None) -> str:
+    """Start a long vLLM run, ``kill(run)`` (its Popen) once it has logged, and return its stderr once it
+    has failed, as a CollectorError."""
+    run = subprocess.Popen([sys.executable, "-m", "rltrain", *SHORT, *VLLM, "trainer.total_frames=1000000",
+                            "collector.timeout_s=60", "hydra.run.dir=run", *overrides], cwd=tmp_path,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 120
         while not (tmp_path / "run/metrics.jsonl").exists() or not (tmp_path / "run/metrics.jsonl").read_text():
             assert run.poll() is None and time.monotonic() < deadline, "the run ended or never started training"
             time.sleep(0.2)
-        engine = next(p for p in psutil.Process(run.pid).children() if "spawn_main" in " ".join(p.cmdline()))
-        engine.kill()
+        kill(run)
         _, err = run.communicate(timeout=120)
     finally:
         run.kill()
     assert run.returncode != 0
-    assert f"the vLLM engine (pid {engine.pid}) died (killed by SIGKILL) while" in err, err[-2000:]
-    summary = json.loads((tmp_path / "run/summary.json").read_text())
-    assert summary["status"].startswith("failed: CollectorError")
-    assert not _left_behind(tag) and _shm() <= shm
+    assert json.loads((tmp_path / "run/summary.json").read_text())["status"].startswith("failed: CollectorError")
+    return err
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

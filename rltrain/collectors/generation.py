@@ -6,7 +6,8 @@ Two engines generate (``engine``). ``transformers`` (the default): a copy of the
 the learner's device, fed only through the weight-sync receiver at the start of each batch, as every
 collector's policy is (on the CPU it reads the published snapshot in place; on a GPU each new version
 is copied into it). ``vllm``: a vLLM engine in a process of its own (``rltrain.llm.vllm_engine``),
-fed by ``sync=vllm``. Either way the learner's optimizer never touches the weights that generate,
+fed by ``sync=vllm``; or, given ``vllm_url``, a vLLM server the user runs on this machine
+(``rltrain.llm.vllm_server``). Either way the learner's optimizer never touches the weights that generate,
 and each completion carries the version that generated it.
 
 With the vLLM engine, ``max_lag: 1`` generates the next batch while the learner updates on this one:
@@ -64,6 +65,7 @@ class GenerationCollector(Collector):
         max_lag: MaxLag = 0,
         timeout_s: PositiveNumber = 300.0,
         kv_cache_gb: PositiveNumber = 1.0,
+        vllm_url: str | None = None,
     ):
         self.prompts_per_batch = batch_steps(frames_per_batch, group_size, "collector.group_size")
         self.group_size, self.seed, self.batches, self.max_lag = group_size, seed, 0, max_lag
@@ -71,7 +73,11 @@ class GenerationCollector(Collector):
         self.task, self.rewards, self.model = make_env(), rewards, model
         self.receiver = make_receiver()
         self.engine: Engine
-        if engine == "vllm":
+        if engine == "vllm" and vllm_url:
+            from rltrain.llm.vllm_server import VLLMServer
+
+            self.engine = VLLMServer(vllm_url, model.tokenizer(), self.receiver, timeout_s=timeout_s)
+        elif engine == "vllm":
             from rltrain.llm.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(model.source(), model.tokenizer(), self.receiver, seed=seed, dtype=model.dtype,

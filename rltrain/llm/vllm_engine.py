@@ -23,6 +23,7 @@ import multiprocessing as mp
 import os
 import signal
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait
 
 import torch
@@ -72,33 +73,16 @@ class VLLMEngine(Engine):
         """Ask for ``group_size`` completions of each prompt; the engine starts at once, with the
         newest pushed weights, while this process goes on (``collect`` waits for them)."""
         self._idle("submit")
-        tok = self.tokenizer
-        tok.padding_side = "left"
-        encoded = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        ids, mask = encoded["input_ids"], encoded["attention_mask"]
-        rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+        rows, self._pending = encode_prompts(self.tokenizer, prompts, group_size)
         self._send(("generate", rows, group_size, sampling, seed), "generating")
-        self._pending = (ids.repeat_interleave(group_size, dim=0), mask.repeat_interleave(group_size, dim=0))
 
     def collect(self) -> Generated:
         """The completions ``submit`` asked for."""
         if self._pending is None:
             raise RuntimeError("collect() without submit()")
-        prompt_ids, prompt_mask = self._pending
         _, rows, version, self.generate_s = self._wait("generated", self.timeout_s)
-        self._pending, self.version = None, version
-        tok = self.tokenizer
-        longest = max(1, max(len(ids) for ids, _, _ in rows))
-        completion = torch.full((len(rows), longest), tok.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(rows), longest), dtype=torch.long)
-        logprobs = torch.zeros((len(rows), longest))
-        for i, (ids, lps, _) in enumerate(rows):
-            completion[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
-            mask[i, :len(ids)] = 1
-            logprobs[i, :len(ids)] = torch.tensor(lps)
-        truncated = torch.tensor([cut for _, _, cut in rows])
-        texts = [tok.decode(ids, skip_special_tokens=True) for ids, _, _ in rows]
-        return Generated(prompt_ids, prompt_mask, completion, mask, logprobs, truncated, texts, version)
+        prompts, self._pending, self.version = self._pending, None, version
+        return as_generated(self.tokenizer, prompts, rows, version)
 
     def probe(self, ids: list[int]) -> tuple[torch.Tensor, int]:
         """Each token's log-prob (after the first) under the weights the engine holds, and their version."""
@@ -177,11 +161,13 @@ class VLLMEngine(Engine):
 
 
 class VLLMModel:
-    """What the ``sync=vllm`` receiver loads weights into: vLLM's model in this process."""
+    """What the ``sync=vllm`` receiver loads weights into: vLLM's model in this process (the engine's,
+    or a server's worker's)."""
 
-    def __init__(self, llm):
-        self.llm = llm
-        self.runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    def __init__(self, runner, reset_prefix_cache: Callable[[], bool] | None = None):
+        """``runner``: vLLM's model runner (its worker's); ``reset_prefix_cache``: vLLM's, called after each
+        load (None: the caller resets it, as a server's client does over HTTP)."""
+        self.runner, self.reset_prefix_cache = runner, reset_prefix_cache
         self.model = self.runner.get_model()
         self.expected = {name for name, _ in self.model.named_parameters()}
         self.checkpoint = _checkpoint_names(self.runner.model_config.model)
@@ -228,12 +214,17 @@ class VLLMModel:
         for module in self.model.modules():
             if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
                 module.quant_method.process_weights_after_loading(module)
-        if not self.llm.reset_prefix_cache():
+        if self.reset_prefix_cache is not None and not self.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache after a weight update (cached keys and values "
                                "of the old weights would be reused)")
         if missing := sorted(self.expected - set(loaded)):
             raise ValueError(f"the learner's weights leave vLLM's {', '.join(missing)} unloaded (the learner's model "
                              "has other names than the engine's)")
+
+
+    def load_slot(self, slot) -> None:
+        """Load a ``sync=vllm`` slot (a FlatBuffer of the served weights)."""
+        self.load(slot.views)
 
 
 def _checkpoint_names(source: str) -> set[str] | None:
@@ -270,7 +261,8 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
 
         llm = LLM(model=source, **options)
         receiver.on_load = lambda version: conn.send(("doing", f"loading weights version {version}"))
-        receiver.connect(VLLMModel(llm))
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        receiver.connect(VLLMModel(runner, llm.reset_prefix_cache))
         conn.send(("ready", receiver.version))
         while (msg := _next(conn)) is not None:
             receiver.poll()
@@ -320,18 +312,9 @@ def _generate(llm, rows: list[list[int]], group_size: int, sampling: Sampling, s
     whether ``max_new_tokens`` cut it). The eos token or the one completing a stop string ends one."""
     from vllm import SamplingParams
 
-    n = 1 if sampling.greedy else group_size  # vLLM draws one greedy completion per request
-    requests = [{"prompt_token_ids": ids} for ids in rows for _ in range(group_size // n)]
-    params = [SamplingParams(n=n, max_tokens=sampling.max_new_tokens, logprobs=0,
-                             # seeds of each request's own (vLLM seeds its n samples seed, seed + 1, ...): one
-                             # seed for all would draw the same random numbers for every prompt
-                             seed=None if seed is None else (seed * len(requests) + i) * n,
-                             temperature=0.0 if sampling.greedy else sampling.temperature,
-                             top_p=1.0 if sampling.greedy else sampling.top_p, top_k=0,
-                             stop=list(sampling.stop) or None, include_stop_str_in_output=True,
-                             repetition_penalty=1.0, presence_penalty=0.0, frequency_penalty=0.0)
-              for i in range(len(requests))]
-    outputs = llm.generate(requests, params, use_tqdm=False)
+    requests = sampling_requests(rows, group_size, sampling, seed)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids, _ in requests],
+                           [SamplingParams(**params) for _, params in requests], use_tqdm=False)
     out = []
     for request in outputs:
         for c in sorted(request.outputs, key=lambda c: c.index):
@@ -339,6 +322,49 @@ def _generate(llm, rows: list[list[int]], group_size: int, sampling: Sampling, s
             logprobs = [d[t].logprob for d, t in zip(c.logprobs, ids)]
             out.append((ids, logprobs, c.finish_reason == "length"))
     return out
+
+
+def sampling_requests(rows: list[list[int]], group_size: int, sampling: Sampling,
+                      seed: int | None) -> list[tuple[list[int], dict]]:
+    """The vLLM requests that draw ``group_size`` completions of each prompt (token ids), in order:
+    each one's prompt and sampling parameters (``SamplingParams``'s, and the completions API's)."""
+    n = 1 if sampling.greedy else group_size  # vLLM draws one greedy completion per request
+    count = len(rows) * (group_size // n)
+    return [(ids, {"n": n, "max_tokens": sampling.max_new_tokens, "logprobs": 0,
+                   # seeds of each request's own (vLLM seeds its n samples seed, seed + 1, ...): one
+                   # seed for all would draw the same random numbers for every prompt
+                   "seed": None if seed is None else (seed * count + i) * n,
+                   "temperature": 0.0 if sampling.greedy else sampling.temperature,
+                   "top_p": 1.0 if sampling.greedy else sampling.top_p, "top_k": 0,
+                   "stop": list(sampling.stop) or None, "include_stop_str_in_output": True,
+                   "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0})
+            for i, ids in enumerate(ids for ids in rows for _ in range(group_size // n))]
+
+
+def encode_prompts(tokenizer, prompts: list[str], group_size: int) -> tuple[list[list[int]], tuple]:
+    """Each prompt's token ids (no padding), and the left-padded ids and mask of every completion's
+    prompt (``group_size`` rows each), which ``as_generated`` takes."""
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+    rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
+    return rows, (ids.repeat_interleave(group_size, dim=0), mask.repeat_interleave(group_size, dim=0))
+
+
+def as_generated(tokenizer, prompts: tuple, rows: list, version: int) -> Generated:
+    """``Generated`` from vLLM's completions (each one's token ids, their log-probs, whether
+    ``max_new_tokens`` cut it) and ``encode_prompts``'s padded prompts."""
+    longest = max(1, max(len(ids) for ids, _, _ in rows))
+    completion = torch.full((len(rows), longest), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), longest), dtype=torch.long)
+    logprobs = torch.zeros((len(rows), longest))
+    for i, (ids, lps, _) in enumerate(rows):
+        completion[i, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        mask[i, :len(ids)] = 1
+        logprobs[i, :len(ids)] = torch.tensor(lps)
+    truncated = torch.tensor([cut for _, _, cut in rows])
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids, _, _ in rows]
+    return Generated(*prompts, completion, mask, logprobs, truncated, texts, version)
 
 
 def _probe(llm, ids: list[int]) -> list[float]:

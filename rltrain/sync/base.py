@@ -180,6 +180,10 @@ class FlatBuffer:
         self._gather: dict[str, torch.Tensor] | None = None  # views of the GPU block (a GPU learner's)
         self._gather_buffer: torch.Tensor | None = None
 
+    def offset(self, name: str) -> int:
+        """Where ``name``'s bytes start in ``buffer``."""
+        return self._offsets[name]
+
     @classmethod
     def like(cls, policy: nn.Module, shared: bool, pinned: bool = False) -> FlatBuffer:
         return cls(layout_of(policy), shared, pinned)

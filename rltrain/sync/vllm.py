@@ -11,6 +11,9 @@ loads a checkpoint), holding the slot pinned while it reads, so that no completi
 with a mix of two versions. The first load is also the check: a learner whose weights have names
 or shapes vLLM's model does not take is refused then, naming them. Slots reach the engine as file
 descriptors when it is spawned: nothing is left in /dev/shm whatever way either process ends.
+
+With a vLLM server the user runs (``collector.vllm_url``) the receiver is in the learner's process
+instead, and has the server load each slot (``rltrain.llm.vllm_server.ServerModel``), paused.
 """
 
 from __future__ import annotations
@@ -53,7 +56,9 @@ class _VLLMSender(_SharedMemSender):
 
 
 class _VLLMReceiver(_SharedMemReceiver):
-    """Loads each new version into the engine's model (``rltrain.llm.vllm_engine.VLLMModel``)."""
+    """Loads each new version into the engine's model: ``rltrain.llm.vllm_engine.VLLMModel`` in the
+    engine's process, or a user's server's through ``rltrain.llm.vllm_server.ServerModel`` (anything
+    with ``load_slot(slot)``, raising ValueError for weights that do not fit)."""
 
     on_load: Callable[[int], None] | None = None  # told each version before it loads (the engine reports it)
 
@@ -73,7 +78,7 @@ class _VLLMReceiver(_SharedMemReceiver):
             if self.on_load is not None:
                 self.on_load(version)
             try:
-                self._policy.load(shared.slots[word % n_slots].views)
+                self._policy.load_slot(shared.slots[word % n_slots])
             except ValueError as e:
                 raise SyncError(f"sync=vllm: weights version {version} do not fit the engine's model: {e}") from None
         finally:

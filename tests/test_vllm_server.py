@@ -1,0 +1,184 @@
+"""``collector.vllm_url``: a vLLM server the user runs (vLLM's OpenAI-compatible server, the CPU build,
+in dev mode with rltrain's worker extension), serving the tiny model; rltrain generates through it
+and pushes into it. One server for the module (it takes about a minute to start); the test that
+kills it runs last."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from rltrain.errors import CollectorError, ConfigError, SyncError
+from rltrain.llm.engine import Sampling, TransformersEngine
+from rltrain.llm.model import LanguageModel
+from rltrain.llm.tiny import write_tiny_model
+from rltrain.llm.vllm_server import EXTENSION, VLLMServer, call
+from rltrain.sync import VLLMSync
+from rltrain.validate import validate
+from tests.conftest import make_config
+from tests.test_distributed import free_port
+from tests.test_vllm import (
+    GREEDY,
+    PROMPTS,
+    VLLM,
+    _force,
+    _learner_probe,
+    _left_behind,
+    _shm,
+    fails_when_killed_mid_run,
+    learns_one_push_behind,
+)
+
+SERVER_START_S = 600  # a loaded 2-core machine; about 40 s on an idle one
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A vLLM server on the tiny model, started as the README says (its own session: it is the user's),
+    stopped with its whole process group at the end: its URL, model dir and process."""
+    here = tmp_path_factory.mktemp("server")
+    model = write_tiny_model(here / "tiny")
+    url, log = f"http://127.0.0.1:{free_port()}", here / "server.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
+             "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
+             "--enforce-eager", "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1]],
+            env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
+                 "RLTRAIN_TEST_TAG": str(here)},
+            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while not _healthy(url):
+            assert proc.poll() is None, f"the vLLM server exited: {log.read_text()[-3000:]}"
+            assert time.monotonic() < deadline, f"the vLLM server did not start: {log.read_text()[-3000:]}"
+            time.sleep(1.0)
+        yield url, model, proc
+    finally:
+        _stop(proc, str(here))
+
+
+def _stop(proc, tag: str) -> None:
+    """SIGTERM the server's process group, as a user's Ctrl-C would; SIGKILL what is left after 60 s."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + 60
+    while (left := _left_behind(tag)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait(timeout=30)
+    assert not left, f"the vLLM server's processes {left} outlived SIGTERM by 60 s"
+
+
+def _healthy(url: str) -> bool:
+    try:
+        call(url, "/health", timeout=2)
+        return True
+    except Exception:  # noqa: BLE001  (not up yet)
+        return False
+
+
+def _connected(url: str, model_dir, learner=None):
+    model = LanguageModel(str(model_dir))
+    learner = model.load() if learner is None else learner
+    scheme = VLLMSync()
+    sender = scheme.sender(learner)
+    return model, learner, sender, VLLMServer(url, model.tokenizer(), scheme.receiver(), timeout_s=120)
+
+
+def test_pushed_weights_reach_the_user_s_server_checked_where_they_land(server):
+    url, model_dir, _ = server
+    shm = _shm()
+    model, learner, sender, engine = _connected(url, model_dir)
+    tokenizer = model.tokenizer()
+    original = {k: v.clone() for k, v in learner.state_dict().items()}
+    ids = tokenizer("reverse 123: 321", add_special_tokens=False)["input_ids"]
+    try:
+        before = engine.generate(PROMPTS, 1, GREEDY)
+        assert before.completion_ids.equal(TransformersEngine(learner, tokenizer).generate(PROMPTS, 1, GREEDY)
+                                           .completion_ids)
+        chosen = tokenizer.convert_tokens_to_ids("7")
+        _force(learner, chosen)
+        version = sender.push()
+        assert engine.sync() == version
+        logprobs, held = engine.probe(ids)  # asked of the server: what it computes with what it holds
+        assert held == version and torch.allclose(logprobs, _learner_probe(model, learner, ids), atol=1e-4)
+        forced = engine.generate(PROMPTS, 2, Sampling(max_new_tokens=5, greedy=True))
+        assert forced.version == version and forced.texts == ["77777"] * 6
+        learner.load_state_dict(original)
+        restored = sender.push()
+        after = engine.generate(PROMPTS, 1, GREEDY)
+        assert after.version == restored and after.completion_ids.equal(before.completion_ids)
+        assert after.logprobs.equal(before.logprobs)
+        # sampled: each token's log-prob is the learner's, a seed repeats a batch, each prompt draws its own
+        sampling = Sampling(temperature=0.7, max_new_tokens=4)
+        first, again = (engine.generate(["3+5=", "3+5="], 4, sampling, seed=5) for _ in range(2))
+        assert first.completion_ids.equal(again.completion_ids) and first.logprobs.equal(again.logprobs)
+        assert first.texts[:4] != first.texts[4:]
+        with torch.no_grad():
+            ids = torch.cat([first.prompt_ids, first.completion_ids], dim=1)
+            mask = torch.cat([first.prompt_mask, first.completion_mask], dim=1)
+            logits = learner(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(1) - 1).clamp_min(0)
+                             ).logits[:, first.prompt_ids.shape[1] - 1:-1]
+        ours = torch.log_softmax(logits / 0.7, -1).gather(-1, first.completion_ids[..., None]).squeeze(-1)
+        kept = first.completion_mask.bool()
+        assert (ours[kept] - first.logprobs[kept]).abs().max() < 1e-4
+    finally:
+        engine.close()
+    assert _shm() <= shm  # the slots reach the server through /proc: nothing named in /dev/shm
+
+
+def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, tmp_path):
+    url, model_dir, _ = server
+    wider = LanguageModel(str(write_tiny_model(tmp_path / "wider", hidden_size=96))).load()
+    with pytest.raises(SyncError, match=r"weights version 0 do not fit the engine's model: vLLM's Qwen2ForCausalLM "
+                                        r"cannot load the learner's model\.embed_tokens\.weight \(\d+, 96\)"):
+        _connected(url, model_dir, wider)
+    model, learner, sender, engine = _connected(url, model_dir)  # the server is as it was: the right one loads
+    try:
+        ids = model.tokenizer()("3+5=8", add_special_tokens=False)["input_ids"]
+        assert torch.allclose(engine.probe(ids)[0], _learner_probe(model, learner, ids), atol=1e-4)
+    finally:
+        engine.close()
+
+
+@pytest.mark.slow
+def test_the_single_token_task_learns_through_the_user_s_server_one_push_behind(server, tmp_path):
+    url, _, proc = server
+    learns_one_push_behind(tmp_path / "run", f"collector.vllm_url={url}")
+    assert proc.poll() is None and _healthy(url)  # the user's server goes on after the run
+
+
+@pytest.mark.parametrize(("url", "message"), [
+    ("localhost:8000", "collector.vllm_url='localhost:8000' is not a URL"),
+    ("http://127.0.0.1:{port}", "collector.vllm_url=http://127.0.0.1:{port}: no vLLM server answers there "
+                                "([Errno 111] Connection refused); start one with: VLLM_SERVER_DEV_MODE=1"),
+])
+def test_a_server_that_does_not_answer_is_one_line_before_training(url, message):
+    port = free_port()
+    with pytest.raises(ConfigError, match=re.escape(message.format(port=port))):
+        validate(make_config("algo=grpo", *VLLM, f"collector.vllm_url={url.format(port=port)}"))
+
+
+def test_a_server_killed_mid_run_fails_the_run_naming_it(server, tmp_path):
+    # last: it kills the module's server
+    url, _, proc = server
+    err = fails_when_killed_mid_run(tmp_path, lambda run: os.killpg(proc.pid, signal.SIGKILL),
+                                    f"collector.vllm_url={url}")
+    named = re.escape(url)
+    assert re.search(rf"the vLLM server at {named} failed while [^:]+: no answer from {named}", err), err[-2000:]
+    with pytest.raises(CollectorError, match="no vLLM server answers there"):
+        VLLMServer(url, None, None, timeout_s=5)
