@@ -18,6 +18,36 @@ Run it in a venv that has trl (never the main environment), nothing downloaded::
         --max-new-tokens 1 --out trl_grpo.json
 
 By default training stops at the threshold (``--no-stop`` runs all ``--steps``).
+
+``--vllm``: TRL generates with vLLM (``use_vllm=True``) instead of ``model.generate``. It needs a venv with
+both TRL and vLLM's CPU build; one that leaves the vLLM venv as it is (TRL 1.16 asks for vllm<=0.31 and
+warns about 0.32, but runs)::
+
+    python -m venv /work/venvs/trl-vllm
+    echo /work/venvs/vllm/lib/python3.11/site-packages \
+        > /work/venvs/trl-vllm/lib/python3.11/site-packages/_vllm_venv.pth
+    /work/venvs/trl-vllm/bin/pip install --no-deps trl==1.16.0     # the rest is in the vLLM venv already
+    /work/venvs/trl-vllm/bin/pip uninstall -y setuptools           # venv's 65.5 would shadow the vLLM venv's 78
+    PYTHONPATH=. /work/venvs/trl-vllm/bin/python -m benchmarks.trl_grpo --model /tmp/tiny-qwen2 --steps 200 \
+        --max-new-tokens 1 --vllm --out trl_grpo_vllm.json
+
+``--vllm-mode colocate`` (the default) runs vLLM's ``LLM`` inside this process (TRL's
+``distributed_executor_backend="external_launcher"``), which is the only mode TRL can train with on the
+CPU: ``--vllm-mode server`` (``--vllm-server-url``, a server started as ``trl vllm-serve`` would start
+it) stops in ``GRPOTrainer.__init__``, where TRL's ``VLLMClient.init_communicator`` refuses any device
+but CUDA (its weight sync is vLLM's NCCL weight-transfer engine). For colocate this script:
+
+- adds ``dtype="float32"`` and ``enforce_eager=True`` to TRL's ``LLM(...)``, which passes neither (vLLM
+  would run the float32 model in bfloat16 on the CPU);
+- sets ``VLLM_CPU_KVCACHE_SPACE`` (``--vllm-kv-cache-gb``) and ``VLLM_ENABLE_V1_MULTIPROCESSING=0``;
+- keeps vLLM's linear layers' weights where TRL's weight sync can load them (``patch_vllm_cpu_gemm``:
+  without it the first sync fails, ``--vllm-packed-gemm`` shows it);
+- sets TRL's importance-sampling correction to rltrain's: per token, truncated at 2
+  (``token_truncate``, ``vllm_importance_sampling_clip_max=2``; rltrain's ``algo.tis_cap=2``).
+
+The JSON then holds TRL's ``sampling/*`` figures per step: ``sampling_logp_difference/max`` (vLLM's
+log-prob of each sampled token against the learner's) stays near 1e-6 when vLLM has the learner's
+weights. vLLM's own seed is TRL's (``process_index``: 0), not ``--seed``.
 """
 
 from __future__ import annotations
@@ -46,6 +76,52 @@ def reward_fn(prompts, completions, answer, **_):
     return [correct_answer(p, c, a) for p, c, a in zip(prompts, completions, answer)]
 
 
+def vllm_options(args) -> dict:
+    """GRPOConfig's vLLM keys for ``--vllm`` (none without it)."""
+    if not args.vllm:
+        return {}
+    options = dict(use_vllm=True, vllm_mode=args.vllm_mode, vllm_model_impl="vllm",
+                   vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate",
+                   vllm_importance_sampling_clip_max=2.0)
+    if args.vllm_mode == "colocate":
+        # on the CPU vllm_gpu_memory_utilization is a share of the node's memory, checked against the free memory
+        # only when VLLM_CPU_KVCACHE_SPACE is unset (main() sets it: the KV cache's size)
+        options.update(vllm_gpu_memory_utilization=0.3, vllm_max_model_length=args.vllm_max_model_len,
+                       vllm_enable_sleep_mode=False)
+    else:
+        options.update(vllm_server_base_url=args.vllm_server_url, vllm_server_timeout=args.vllm_server_timeout)
+    return options
+
+
+def patch_trl_llm(extra: dict) -> None:
+    """TRL's colocated ``LLM(...)`` takes no dtype or enforce_eager: add them (the CPU needs float32 and eager)."""
+    import trl.generation.vllm_generation as vg
+
+    llm_class = vg.LLM
+
+    def llm(*a, **kw):
+        return llm_class(*a, **{**extra, **kw})
+
+    vg.LLM = llm
+
+
+def patch_vllm_cpu_gemm() -> None:
+    """vLLM's CPU build packs each linear layer's weight for its GEMM kernel after loading and replaces the
+    layer's ``weight`` with an empty Parameter that has no ``weight_loader``
+    (``UnquantizedLinearMethod.process_weights_after_loading`` -> ``dispatch_cpu_unquantized_gemm(layer,
+    remove_weight=True)``), so TRL's colocated weight sync (``model.load_weights([(name, param)])`` per
+    parameter) fails with ``AttributeError: 'Parameter' object has no attribute 'weight_loader'``, and the
+    embedding's packed copy (the tied output layer) would go stale. With this patch every such layer keeps
+    its weight and multiplies with it (``torch.nn.functional.linear``): what TRL loads is what vLLM uses.
+    The engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so the patch reaches it."""
+    import vllm.model_executor.layers.utils as layer_utils
+
+    def plain_gemm(layer, remove_weight: bool) -> None:  # both callers import it from the module at call time
+        layer.cpu_linear = torch.nn.functional.linear
+
+    layer_utils.dispatch_cpu_unquantized_gemm = plain_gemm
+
+
 def grpo_config(args, output_dir: str):
     """The GRPOConfig matching rltrain's GRPO settings (see the module docstring)."""
     from trl import GRPOConfig
@@ -70,6 +146,7 @@ def grpo_config(args, output_dir: str):
         use_cpu=True, bf16=False, fp16=False, gradient_checkpointing=False,
         logging_steps=1, save_strategy="no", report_to="none", disable_tqdm=True,
         dataloader_num_workers=0, log_completions=False,
+        **vllm_options(args),
     )
 
 
@@ -85,6 +162,7 @@ def make_callback(threshold: float, stop: bool):
             self.begin = None
             self.seconds: list[float] = []
             self.rewards: list[float] = []
+            self.sampling: list[dict] = []  # with vLLM: TRL's sampler-vs-learner log-prob figures, per step
             self.reached = None  # {"step", "wall_s"}
             self.threads = None
 
@@ -103,6 +181,9 @@ def make_callback(threshold: float, stop: bool):
             if not logs or "reward" not in logs:
                 return
             self.rewards.append(float(logs["reward"]))
+            sampling = {k: float(v) for k, v in logs.items() if k.startswith("sampling/")}
+            if sampling:
+                self.sampling.append(sampling)
             recent = self.rewards[-WINDOW:]
             if self.reached is None and len(recent) == WINDOW and sum(recent) / WINDOW >= threshold:
                 self.reached = {"step": len(self.rewards), "wall_s": time.perf_counter() - self.start}
@@ -124,10 +205,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the trainer's seed (model init is the model dir's)")
     parser.add_argument("--task-seed", type=int, default=0, help="ReverseDigits' seed (the rows)")
     parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--vllm", action="store_true", help="generate with vLLM (use_vllm=True)")
+    parser.add_argument("--vllm-mode", choices=["colocate", "server"], default="colocate")
+    parser.add_argument("--vllm-server-url", default="http://127.0.0.1:8000", help="--vllm-mode server: the server's")
+    parser.add_argument("--vllm-server-timeout", type=float, default=240.0)
+    parser.add_argument("--vllm-kv-cache-gb", type=float, default=1.0, help="VLLM_CPU_KVCACHE_SPACE (colocate)")
+    parser.add_argument("--vllm-max-model-len", type=int, default=256, help="the tiny model's context")
+    parser.add_argument("--vllm-packed-gemm", action="store_true",
+                        help="keep vLLM's packed CPU GEMM (TRL's weight sync then fails: patch_vllm_cpu_gemm)")
     args = parser.parse_args(argv)
 
     for key, value in OFFLINE.items():  # before transformers is imported: nothing is downloaded
         os.environ.setdefault(key, value)
+    if args.vllm and args.vllm_mode == "colocate":
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", f"{args.vllm_kv_cache_gb:g}")
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     torch.set_num_threads(1)
     import datasets
     import transformers
@@ -136,6 +228,11 @@ def main(argv: list[str] | None = None) -> None:
     from trl import GRPOTrainer
 
     from rltrain.llm.tasks import ReverseDigits
+
+    if args.vllm and args.vllm_mode == "colocate":
+        patch_trl_llm({"dtype": "float32", "enforce_eager": True})
+        if not args.vllm_packed_gemm:
+            patch_vllm_cpu_gemm()
 
     set_seed(args.seed)
     rows = ReverseDigits(length=1, seed=args.task_seed).take(args.steps * PROMPTS_PER_STEP)
@@ -155,10 +252,12 @@ def main(argv: list[str] | None = None) -> None:
 
     seconds = callback.seconds
     result = {
-        "what": "TRL GRPOTrainer on the tiny Qwen2 model, reverse D: -> D, CPU, 1 torch thread",
+        "what": "TRL GRPOTrainer on the tiny Qwen2 model, reverse D: -> D, CPU, 1 torch thread"
+                + (f", vLLM generating ({args.vllm_mode})" if args.vllm else ""),
         "command": " ".join([Path(sys.executable).as_posix(), *sys.argv]),
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
-                     "datasets": datasets.__version__, "python": platform.python_version()},
+                     "datasets": datasets.__version__, "python": platform.python_version(),
+                     **({"vllm": __import__("vllm").__version__} if args.vllm else {})},
         "torch_threads_at_train_begin": callback.threads,
         "max_new_tokens": args.max_new_tokens, "seed": args.seed, "task_seed": args.task_seed,
         "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE,
@@ -166,7 +265,11 @@ def main(argv: list[str] | None = None) -> None:
         "step_seconds": seconds,
         "step_seconds_median": statistics.median(seconds) if seconds else None,
         "step_seconds_median_after_first": statistics.median(seconds[1:]) if len(seconds) > 1 else None,
+        "completions_per_s_median_step": (PROMPTS_PER_STEP * GROUP_SIZE / statistics.median(seconds)
+                                          if seconds else None),
+        "completions_per_s": PROMPTS_PER_STEP * GROUP_SIZE * len(seconds) / sum(seconds) if seconds else None,
         "step_rewards": callback.rewards,
+        "step_sampling": callback.sampling,
         "threshold": args.threshold, "window": WINDOW,
         "threshold_step": callback.reached and callback.reached["step"],
         "threshold_wall_s": callback.reached and callback.reached["wall_s"],
@@ -175,8 +278,8 @@ def main(argv: list[str] | None = None) -> None:
         "grpo_config": json.loads(json.dumps(config_dict, default=str)),
     }
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(json.dumps({k: result[k] for k in ("versions", "steps_run", "step_seconds_median", "threshold_step",
-                                             "threshold_wall_s", "train_wall_s")}))
+    print(json.dumps({k: result[k] for k in ("versions", "steps_run", "step_seconds_median", "completions_per_s",
+                                             "threshold_step", "threshold_wall_s", "train_wall_s")}))
 
 
 if __name__ == "__main__":
