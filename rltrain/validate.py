@@ -354,13 +354,17 @@ def _check_engine(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
         if engine != "vllm":
             raise ConfigError(f"sync=vllm pushes into a vLLM engine, and {_label('collector', collector_cls)}"
                               f"{' with collector.engine=' + engine if engine else ''} has none; use algo=grpo "
-                              "collector.engine=vllm with it, or sync=shared_mem")
+                              "collector.engine=vllm with it (and collector.vllm_url for a server of your own), "
+                              "or sync=shared_mem")
         if parts["sync"][1].get("every", 1) != 1:
             raise ConfigError(f"sync.every={parts['sync'][1]['every']} with sync=vllm: a resumed run could not give "
                               "the engine back the weights it held between pushes; use sync.every=1")
     if not generates:
         return
     lag = collector.get("max_lag", 0)
+    if engine != "vllm" and collector.get("vllm_url") is not None:
+        raise ConfigError(f"collector.vllm_url={collector['vllm_url']} with collector.engine={engine}: the server "
+                          "would not be used; add collector.engine=vllm sync=vllm")
     if engine != "vllm":
         if lag:
             raise ConfigError("collector.max_lag > 0 generates the next batch while the learner updates, which only "

@@ -5,6 +5,7 @@ kills it runs last."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -19,11 +20,13 @@ from rltrain.errors import CollectorError, ConfigError, SyncError
 from rltrain.llm.engine import Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.tiny import write_tiny_model
-from rltrain.llm.vllm_server import EXTENSION, VLLMServer, call
+from rltrain.llm.vllm_server import VLLMServer, call, server_command
 from rltrain.sync import VLLMSync
 from rltrain.validate import validate
-from tests.conftest import make_config
+from tests.conftest import make_config, run_cli
 from tests.test_distributed import free_port
+from tests.test_llm_runs import SHORT
+from tests.test_run_management import learning_rows, signal_at
 from tests.test_vllm import (
     GREEDY,
     PROMPTS,
@@ -45,15 +48,12 @@ def server(tmp_path_factory):
     stopped with its whole process group at the end: its URL, model dir and process."""
     here = tmp_path_factory.mktemp("server")
     model = write_tiny_model(here / "tiny")
-    url, log = f"http://127.0.0.1:{free_port()}", here / "server.log"
+    port = free_port()
+    url, log = f"http://127.0.0.1:{port}", here / "server.log"
+    env, argv = server_command(model, port)  # the README's command
     with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model),
-             "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
-             "--enforce-eager", "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1]],
-            env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
-                 "RLTRAIN_TEST_TAG": str(here)},
-            stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, *argv[1:]], env={**os.environ, **env, "RLTRAIN_TEST_TAG": str(here)},
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + SERVER_START_S
         while not _healthy(url):
@@ -147,6 +147,10 @@ def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, 
     with pytest.raises(SyncError, match=r"weights version 0 do not fit the engine's model: vLLM's Qwen2ForCausalLM "
                                         r"cannot load the learner's model\.embed_tokens\.weight \(\d+, 96\)"):
         _connected(url, model_dir, wider)
+    assert call(url, "/is_paused")["is_paused"] is False  # the failed update resumed the server
+    with pytest.raises(CollectorError, match=r"the server computes in torch.float32, the learner in bfloat16 "
+                                             r"\(model.dtype\); restart the server with --dtype bfloat16"):
+        VLLMServer(url, None, None, dtype="bfloat16")
     model, learner, sender, engine = _connected(url, model_dir)  # the server is as it was: the right one loads
     try:
         ids = model.tokenizer()("3+5=8", add_special_tokens=False)["input_ids"]
@@ -162,6 +166,20 @@ def test_the_single_token_task_learns_through_the_user_s_server_one_push_behind(
     assert proc.poll() is None and _healthy(url)  # the user's server goes on after the run
 
 
+def test_a_run_through_the_server_stopped_by_sigterm_resumes_as_if_never_stopped(server, tmp_path):
+    url = server[0]
+    lagged = (*SHORT, *VLLM, f"collector.vllm_url={url}", "collector.max_lag=1")
+    full = run_cli(*lagged, "hydra.run.dir=outputs/full", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr
+    stopped = run_cli(*lagged, *signal_at(100), "hydra.run.dir=outputs/split", cwd=tmp_path)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    assert json.loads((tmp_path / "outputs/split/summary.json").read_text())["frames"] == 128
+    # the resumed run pushes the checkpoint's weights into the server first, and draws what the full run drew
+    resumed = run_cli(*lagged, "resume=outputs/split", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert learning_rows(tmp_path / "outputs/split") == learning_rows(tmp_path / "outputs/full")
+
+
 @pytest.mark.parametrize(("url", "message"), [
     ("localhost:8000", "collector.vllm_url='localhost:8000' is not a URL"),
     ("http://127.0.0.1:{port}", "collector.vllm_url=http://127.0.0.1:{port}: no vLLM server answers there "
@@ -173,11 +191,19 @@ def test_a_server_that_does_not_answer_is_one_line_before_training(url, message)
         validate(make_config("algo=grpo", *VLLM, f"collector.vllm_url={url.format(port=port)}"))
 
 
+def test_a_server_url_without_the_vllm_engine_is_refused():
+    with pytest.raises(ConfigError, match=re.escape("collector.vllm_url=http://127.0.0.1:8000 with "
+                                                    "collector.engine=transformers: the server would not be used")):
+        validate(make_config("algo=grpo", "collector.vllm_url=http://127.0.0.1:8000"))
+
+
 def test_a_server_killed_mid_run_fails_the_run_naming_it(server, tmp_path):
     # last: it kills the module's server
     url, _, proc = server
+    shm = _shm()
     err = fails_when_killed_mid_run(tmp_path, lambda run: os.killpg(proc.pid, signal.SIGKILL),
                                     f"collector.vllm_url={url}")
+    assert _shm() <= shm
     named = re.escape(url)
     assert re.search(rf"the vLLM server at {named} failed while [^:]+: no answer from {named}", err), err[-2000:]
     with pytest.raises(CollectorError, match="no vLLM server answers there"):

@@ -76,7 +76,7 @@ class GenerationCollector(Collector):
         if engine == "vllm" and vllm_url:
             from rltrain.llm.vllm_server import VLLMServer
 
-            self.engine = VLLMServer(vllm_url, model.tokenizer(), self.receiver, timeout_s=timeout_s)
+            self.engine = VLLMServer(vllm_url, model.tokenizer(), self.receiver, timeout_s=timeout_s, dtype=model.dtype)
         elif engine == "vllm":
             from rltrain.llm.vllm_engine import VLLMEngine
 

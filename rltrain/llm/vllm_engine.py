@@ -10,7 +10,8 @@ Every wait of the learner on the engine is bounded (``collector.timeout_s``) and
 process: an engine that raises comes back as a CollectorError with its traceback, one that dies as
 a CollectorError naming it, its pid, its exit signal and what it was doing.
 
-Messages, learner -> engine: ``("generate", prompt_ids, group_size, sampling, seed)``,
+Messages, learner -> engine: ``("generate", reserved, prompt_ids, group_size, sampling, seed)`` (``reserved``:
+the weights version the learner pinned for it, ``_VLLMReceiver.reserve``),
 ``("probe", ids)`` (the log-probs of a token sequence under the weights it holds), ``("sync",)``
 (load the newest weights now), ``("close",)``. Engine -> learner: ``("ready", version)``,
 ``("doing", what)`` (for error messages), ``("generated", rows, version, seconds)``, ``("probed", logprobs,
@@ -40,7 +41,7 @@ class VLLMEngine(Engine):
 
     def __init__(self, source: str, tokenizer, receiver, seed: int = 0, dtype: str = "float32",
                  kv_cache_gb: float = 1.0, timeout_s: float = 120.0):
-        self.tokenizer, self.timeout_s = tokenizer, timeout_s
+        self.tokenizer, self.timeout_s, self._receiver = tokenizer, timeout_s, receiver
         self._doing = "starting"
         options = {"dtype": dtype, "seed": seed, "enforce_eager": True,
                    # the log-prob of each drawn token under the distribution it was drawn from (temperature, top_p)
@@ -74,7 +75,8 @@ class VLLMEngine(Engine):
         newest pushed weights, while this process goes on (``collect`` waits for them)."""
         self._idle("submit")
         rows, self._pending = encode_prompts(self.tokenizer, prompts, group_size)
-        self._send(("generate", rows, group_size, sampling, seed), "generating")
+        reserved = self._receiver.reserve()  # the newest version now, whenever the engine reads the request
+        self._send(("generate", reserved, rows, group_size, sampling, seed), "generating")
 
     def collect(self) -> Generated:
         """The completions ``submit`` asked for."""
@@ -265,11 +267,11 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
         receiver.connect(VLLMModel(runner, llm.reset_prefix_cache))
         conn.send(("ready", receiver.version))
         while (msg := _next(conn)) is not None:
-            receiver.poll()
+            receiver.poll(msg[1] if msg[0] == "generate" else None)
             if msg[0] == "generate":
                 conn.send(("doing", f"generating with weights version {receiver.version}"))
                 started = time.perf_counter()
-                rows = _generate(llm, *msg[1:])
+                rows = _generate(llm, *msg[2:])
                 conn.send(("generated", rows, receiver.version, time.perf_counter() - started))
             elif msg[0] == "probe":
                 conn.send(("probed", _probe(llm, msg[1]), receiver.version))
@@ -335,7 +337,8 @@ def sampling_requests(rows: list[list[int]], group_size: int, sampling: Sampling
                    # seed for all would draw the same random numbers for every prompt
                    "seed": None if seed is None else (seed * count + i) * n,
                    "temperature": 0.0 if sampling.greedy else sampling.temperature,
-                   "top_p": 1.0 if sampling.greedy else sampling.top_p, "top_k": 0,
+                   # every sampling setting said, none left to a server's defaults (the model's generation_config)
+                   "top_p": 1.0 if sampling.greedy else sampling.top_p, "top_k": 0, "min_p": 0.0,
                    "stop": list(sampling.stop) or None, "include_stop_str_in_output": True,
                    "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0})
             for i, ids in enumerate(ids for ids in rows for _ in range(group_size // n))]

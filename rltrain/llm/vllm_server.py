@@ -1,34 +1,32 @@
 """``collector.vllm_url``: generate in a vLLM server the user runs, and push the learner's weights into it.
 
 The user starts vLLM's OpenAI-compatible server on the run's model, on the learner's machine, as the
-same user, in dev mode (for ``/collective_rpc`` and ``/pause``) and with rltrain's worker extension::
-
-    VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model DIR \\
-        --worker-extension-cls rltrain.llm.vllm_server.WorkerExtension \\
-        --logprobs-mode processed_logprobs --dtype float32 --host 127.0.0.1 --port 8000
-
-and trains with ``collector.engine=vllm collector.vllm_url=http://127.0.0.1:8000 sync=vllm``.
+same user, in dev mode (for ``/collective_rpc`` and ``/pause``) and with rltrain's worker extension
+(``server_command`` gives the command; the README shows it), and trains with
+``collector.engine=vllm collector.vllm_url=http://127.0.0.1:8000 sync=vllm``.
 
 Generation: vLLM's completions API (``/v1/completions``), prompts as token ids, one request per
-prompt with seeds of its own (the same draws as rltrain's own engine), in flight together.
+prompt with seeds of its own (the same draws as rltrain's own engine), in flight together, every
+sampling setting given (none left to the server's defaults).
 
 A push is ``sync=vllm``'s, as with rltrain's own engine: the learner copies its weights into a
 shared-memory slot. Here the receiver is in the learner: before each batch it pauses the server
 (``/pause``, letting requests in flight finish), has the worker extension load the newest slot in
-place (``/collective_rpc``), resets the server's prefix cache and resumes it. Only the slot's address
-crosses HTTP: the worker maps the learner's slot through ``/proc/<learner pid>/fd/<fd>``, so nothing
-is named in /dev/shm and nothing is left there whichever process dies, and a push costs what it
-costs rltrain's own engine. That is why the server must run on the learner's machine, as its user.
+place (``/collective_rpc``), resets the server's prefix cache and resumes it, whatever failed in
+between. Only the slot's address crosses HTTP: the worker maps the learner's slot through
+``/proc/<learner pid>/fd/<fd>`` for that one load (checked to be the same file: device and inode), so
+nothing is named in /dev/shm, and the server holds none of a learner's memory between pushes. That is
+why the server must run on the learner's machine, as its user.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
 import urllib.error
 import urllib.request
-import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 
@@ -39,10 +37,24 @@ from rltrain.llm.engine import Engine, Generated, Sampling
 from rltrain.llm.vllm_engine import as_generated, encode_prompts, sampling_requests
 
 EXTENSION = "rltrain.llm.vllm_server.WorkerExtension"
-COMMAND = ("VLLM_SERVER_DEV_MODE=1 python -m vllm.entrypoints.openai.api_server --model MODEL_DIR "
-           f"--worker-extension-cls {EXTENSION} --logprobs-mode processed_logprobs --dtype float32 "
-           "--host 127.0.0.1 --port 8000")
+PROTOCOL = 1  # what rltrain_load takes; a server running another rltrain's extension is refused
 _CHECK_S = 10.0  # how long the checks before training wait for a server's answer
+_RESUME_S = 10.0  # how long a failed weight update waits for the server to resume
+_IN_FLIGHT = 64  # requests sent together at most (one per prompt; one per completion when greedy)
+
+
+def server_command(model_dir: str = "MODEL_DIR", port: int = 8000) -> tuple[dict[str, str], list[str]]:
+    """The environment and the command that start a vLLM server rltrain can use (the CPU build), on
+    ``model_dir`` at 127.0.0.1:``port``."""
+    return ({"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
+            ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+             "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
+             "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)])
+
+
+def _command_line() -> str:
+    env, argv = server_command()
+    return " ".join([*(f"{k}={v}" for k, v in env.items()), *argv])
 
 
 class ServerError(Exception):
@@ -65,35 +77,47 @@ def call(url: str, path: str, body: dict | None = None, timeout: float = 60.0, p
     except urllib.error.HTTPError as e:
         detail = e.read().decode(errors="replace").strip()
         raise ServerError(f"HTTP {e.code} for {path}: {detail[:500] or e.reason}", e.code) from None
-    except (urllib.error.URLError, OSError) as e:  # refused, reset, timed out
+    except (urllib.error.URLError, OSError, http.client.HTTPException) as e:  # refused, reset, timed out, cut
         reason = getattr(e, "reason", None) or e
         raise ServerError(f"no answer from {url} ({reason})", reason=str(reason)) from None
-    return json.loads(text) if text.strip() else None
+    try:
+        return json.loads(text) if text.strip() else None
+    except ValueError:
+        raise ServerError(f"{url}{path} answered something that is not JSON: {text[:200]!r}") from None
 
 
 def check_server(url: str, timeout_s: float = _CHECK_S) -> dict:
-    """What rltrain needs to know of the vLLM server at ``url`` (its extension's ``rltrain_info`` and the
-    model name it serves); raises ServerError with one line that says what to fix."""
+    """What rltrain needs to know of the vLLM server at ``url`` (its extension's ``rltrain_info``, the model
+    name it serves and its context); raises ServerError with one line that says what to fix."""
     url = url.rstrip("/")
-    start = f"start one with: {COMMAND} (see the README's 'A vLLM server of your own')"
+    key, start = f"collector.vllm_url={url}", f"{_command_line()} (see the README's 'A vLLM server of your own')"
     try:
         call(url, "/health", timeout=timeout_s)
     except ServerError as e:
-        raise ServerError(f"collector.vllm_url={url}: no vLLM server answers there ({e.reason}); {start}") from None
+        raise ServerError(f"{key}: no vLLM server answers there ({e.reason}); start one with: {start}") from None
     try:
-        info = call(url, "/collective_rpc", {"method": "rltrain_info"}, timeout=timeout_s)["results"][0]
+        infos = call(url, "/collective_rpc", {"method": "rltrain_info"}, timeout=timeout_s)["results"]
+        models = call(url, "/v1/models", timeout=timeout_s)["data"]
     except ServerError as e:
         if e.status == 404:
-            raise ServerError(f"collector.vllm_url={url}: the server is not in dev mode (it has no /collective_rpc); "
-                              f"restart it with VLLM_SERVER_DEV_MODE=1: {COMMAND}") from None
-        raise ServerError(f"collector.vllm_url={url}: the server does not have rltrain's worker extension ({e}); "
-                          f"restart it with --worker-extension-cls {EXTENSION}: {COMMAND}") from None
+            raise ServerError(f"{key}: the server is not in dev mode (it has no /collective_rpc); restart it with "
+                              f"VLLM_SERVER_DEV_MODE=1: {start}") from None
+        if e.status is not None and "rltrain_info" in str(e):
+            raise ServerError(f"{key}: the server does not have rltrain's worker extension; restart it with "
+                              f"--worker-extension-cls {EXTENSION}: {start}") from None
+        raise ServerError(f"{key}: {e}") from None
+    info = infos[0]
+    if info.get("protocol") != PROTOCOL:
+        raise ServerError(f"{key}: the server's rltrain worker extension speaks protocol {info.get('protocol')}, "
+                          f"this rltrain {PROTOCOL}; install the same rltrain in the server's environment")
+    if len(infos) != 1:
+        raise ServerError(f"{key}: the server runs {len(infos)} workers (tensor or pipeline parallel); rltrain "
+                          "pushes into one, for now")
     if info.get("logprobs_mode") != "processed_logprobs":
-        raise ServerError(f"collector.vllm_url={url}: the server reports log-probs as {info.get('logprobs_mode')}, "
-                          "while GRPO needs those of the distribution each token was drawn from; restart it with "
+        raise ServerError(f"{key}: the server reports log-probs as {info.get('logprobs_mode')}, while GRPO needs "
+                          "those of the distribution each token was drawn from; restart it with "
                           "--logprobs-mode processed_logprobs")
-    models = call(url, "/v1/models", timeout=timeout_s)["data"]
-    return {**info, "served_model": models[0]["id"]}
+    return {**info, "served_model": models[0]["id"], "max_model_len": models[0].get("max_model_len")}
 
 
 class VLLMServer(Engine):
@@ -101,14 +125,17 @@ class VLLMServer(Engine):
     this process) loads each pushed version into it before a batch. ``submit`` then ``collect`` (or
     ``generate``) a batch of completions; every request is bounded by ``timeout_s``."""
 
-    def __init__(self, url: str, tokenizer, receiver, timeout_s: float = 120.0):
+    def __init__(self, url: str, tokenizer, receiver, timeout_s: float = 120.0, dtype: str = "float32"):
         self.url, self.tokenizer, self.receiver, self.timeout_s = url.rstrip("/"), tokenizer, receiver, timeout_s
         self._doing = "connecting"
         try:
             self.info = check_server(self.url, min(timeout_s, _CHECK_S))
         except ServerError as e:
             raise CollectorError(str(e)) from None
-        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="rltrain-vllm-server")
+        if self.info["dtype"] != f"torch.{dtype}":
+            raise CollectorError(f"collector.vllm_url={self.url}: the server computes in {self.info['dtype']}, the "
+                                 f"learner in {dtype} (model.dtype); restart the server with --dtype {dtype}")
+        self._pool = ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="rltrain-vllm-server")
         self._pending: tuple | None = None
         self._doing = "loading the learner's weights"
         receiver.connect(ServerModel(self))  # the first load: the server's model is checked against the learner's
@@ -154,18 +181,20 @@ class VLLMServer(Engine):
         answer = call(self.url, "/v1/completions", body, timeout=self.timeout_s)
         rows = [(c["token_ids"], c["logprobs"]["token_logprobs"], c["finish_reason"] == "length")
                 for c in sorted(answer["choices"], key=lambda c: c["index"])]
+        for completion, _, cut in rows:
+            if cut and len(completion) < params["max_tokens"]:  # vLLM caps max_tokens at its context, silently
+                raise ServerError(f"the server cut a completion at {len(completion)} tokens, before "
+                                  f"collector.max_new_tokens={params['max_tokens']}: its context "
+                                  f"(--max-model-len {self.info['max_model_len']}) is shorter than the prompt "
+                                  "and the completion; restart it with a longer one")
         return rows, time.perf_counter()
 
     def probe(self, ids: list[int]) -> tuple[torch.Tensor, int]:
         """Each token's log-prob (after the first) under the weights the server holds, and their version."""
         self._idle("probe")
-        self._doing = "scoring a probe sequence"
-        try:
-            answer = call(self.url, "/v1/completions", {"model": self.info["served_model"], "prompt": ids,
-                                                        "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": 0},
-                          timeout=self.timeout_s)
-        except ServerError as e:
-            raise self._fault(e) from None
+        answer = self.post("/v1/completions", "scoring a probe sequence",
+                           {"model": self.info["served_model"], "prompt": ids, "max_tokens": 1, "temperature": 0.0,
+                            "prompt_logprobs": 0})
         scored = answer["choices"][0]["prompt_logprobs"][1:]
         return torch.tensor([each[str(token)]["logprob"] for each, token in zip(scored, ids[1:])]), self.version
 
@@ -176,19 +205,16 @@ class VLLMServer(Engine):
         self.version = self.receiver.version
         return self.version
 
-    def rpc(self, method: str, *args: str, doing: str):
-        """The worker extension's ``method``'s answer (its one worker's)."""
-        self._doing = doing
-        try:
-            return call(self.url, "/collective_rpc", {"method": method, "args": list(args), "timeout": self.timeout_s},
-                        timeout=self.timeout_s)["results"][0]
-        except ServerError as e:
-            raise self._fault(e) from None
+    def rpc(self, method: str, *args: str, doing: str) -> list:
+        """The worker extension's ``method``'s answers (one per worker)."""
+        body = {"method": method, "args": list(args), "timeout": self.timeout_s}
+        return self.post("/collective_rpc", doing, body)["results"]
 
-    def post(self, path: str, doing: str):
+    def post(self, path: str, doing: str, body: dict | None = None):
+        """``path``'s answer to a POST of ``body``; a CollectorError naming the server and ``doing`` if none."""
         self._doing = doing
         try:
-            return call(self.url, path, timeout=self.timeout_s, post=True)
+            return call(self.url, path, body, timeout=self.timeout_s, post=True)
         except ServerError as e:
             raise self._fault(e) from None
 
@@ -200,53 +226,64 @@ class VLLMServer(Engine):
         return CollectorError(f"the vLLM server at {self.url} failed while {self._doing}: {error}")
 
     def close(self) -> None:
-        """Forget the batch in flight and have the server drop its maps of this run's weight slots (the
-        server is the user's: it goes on running)."""
-        if self._pool is None:
-            return
-        self._pool.shutdown(wait=False, cancel_futures=True)
-        self._pool, self._pending = None, None
-        try:
-            call(self.url, "/collective_rpc", {"method": "rltrain_release"}, timeout=min(self.timeout_s, _CHECK_S))
-        except ServerError:
-            pass  # gone: nothing of ours is left in it
+        """Forget the batch in flight (the server finishes it for nobody). The server is the user's: it goes
+        on running, with the last weights pushed; it holds nothing of the learner's (slots are mapped for
+        one load at a time)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool, self._pending = None, None
 
 
 class ServerModel:
-    """The server's model as the ``sync=vllm`` receiver sees it: ``load_slot`` has the server load one."""
+    """The server's model as the ``sync=vllm`` receiver sees it: ``load_slot`` has the server load one,
+    paused (requests in flight finish first; none starts until it has loaded)."""
 
     def __init__(self, server: VLLMServer):
         self.server = server
-        self._learner = uuid.uuid4().hex  # the server keeps its maps of this learner's slots under it
-        self._addresses: dict[int, dict] = {}
+        self._addresses: dict[int, str] = {}
 
     def load_slot(self, slot) -> None:
+        server = self.server
         address = self._addresses.get(id(slot))
         if address is None:
-            address = self._addresses[id(slot)] = {**slot_address(slot), "learner": self._learner}
-        server = self.server
-        server.post("/pause?mode=wait", "pausing the server for a weight update")  # requests in flight finish first
-        loaded = server.rpc("rltrain_load", json.dumps(address), doing="loading pushed weights")
-        if "error" not in loaded and not server.post("/reset_prefix_cache", "resetting its prefix cache")["success"]:
-            # vLLM refuses while blocks are held; paused after the requests in flight, none should be
-            raise server._fault("vLLM could not reset its prefix cache after a weight update (cached keys and "
-                                "values of the old weights would be reused)")
-        server.post("/resume", "resuming the server after a weight update")
-        if "error" in loaded:
-            raise ValueError(loaded["error"])
+            address = self._addresses[id(slot)] = json.dumps(slot_address(slot))
+        server.post("/pause?mode=wait", "pausing the server for a weight update (its requests in flight finish "
+                                        "first)")
+        try:
+            answers = server.rpc("rltrain_load", address, doing="loading pushed weights")
+            if refused := next((a for a in answers if "error" in a), None):
+                if refused.get("kind") == "map":
+                    raise CollectorError(f"the vLLM server at {server.url}: {refused['error']}")
+                raise ValueError(refused["error"])
+            if not server.post("/reset_prefix_cache", "resetting its prefix cache")["success"]:
+                # vLLM refuses while blocks are held; paused after the requests in flight, none should be
+                raise server._fault("vLLM could not reset its prefix cache after a weight update (cached keys and "
+                                    "values of the old weights would be reused)")
+        finally:
+            try:  # whatever happened: a server left paused would hang every other client of it
+                call(server.url, "/resume", timeout=min(server.timeout_s, _RESUME_S), post=True)
+            except ServerError:
+                pass  # gone, or it fails with a fault of its own that the load has already raised
 
 
 def slot_address(slot) -> dict:
     """Where another process of this machine (and user) maps ``slot`` (a shared FlatBuffer): the path
     of its shared-memory file under /proc, its size, and each weight's place in it."""
     fd, nbytes = slot.buffer.untyped_storage()._share_fd_cpu_()
-    return {"path": f"/proc/{os.getpid()}/fd/{fd}", "nbytes": nbytes,
+    stat = os.fstat(fd)
+    return {"protocol": PROTOCOL, "path": f"/proc/{os.getpid()}/fd/{fd}", "nbytes": nbytes,
+            "file": [stat.st_dev, stat.st_ino],  # what the path must name where the server opens it
             "weights": [[name, list(shape), str(dtype).removeprefix("torch."), slot.offset(name)]
                         for name, (shape, dtype) in slot.layout.items()]}
 
 
 def open_slot(address: dict) -> dict[str, torch.Tensor]:
-    """The weights of ``slot_address``'s slot, read in place (a shared mapping of the learner's file)."""
+    """The weights of ``slot_address``'s slot, read in place (a shared mapping of the learner's file);
+    OSError where this process cannot open it, or the path names another file here (another pid
+    namespace: another machine or container)."""
+    stat = os.stat(address["path"])
+    if [stat.st_dev, stat.st_ino] != address["file"] or stat.st_size != address["nbytes"]:
+        raise OSError(f"{address['path']} is not the learner's slot here")
     storage = torch.UntypedStorage.from_file(address["path"], shared=True, nbytes=address["nbytes"])
     buffer = torch.empty(0, dtype=torch.uint8).set_(storage)
     views = {}
@@ -263,33 +300,27 @@ class WorkerExtension:
 
     def rltrain_info(self) -> dict:
         config = self.model_runner.model_config
-        return {"model": config.model, "logprobs_mode": str(config.logprobs_mode), "dtype": str(config.dtype),
-                "pid": os.getpid()}
+        return {"protocol": PROTOCOL, "model": config.model, "logprobs_mode": str(config.logprobs_mode),
+                "dtype": str(config.dtype), "pid": os.getpid()}
 
     def rltrain_load(self, address: str) -> dict:
         """Load the learner's slot at ``address`` (``slot_address``'s, as JSON) into the model in place; a
-        refusal comes back as ``{"error": ...}`` (the learner raises it, naming the weights)."""
+        refusal comes back as ``{"error": ..., "kind": "map" | "weights"}`` (the learner raises it). The
+        slot is mapped for this load only: the server keeps nothing of a learner between pushes, so a
+        learner that dies leaves none of its memory held here."""
         from rltrain.llm.vllm_engine import VLLMModel
 
         address = json.loads(address)
-        if getattr(self, "_rltrain_learner", None) != address["learner"]:
-            # another learner (the path of a closed slot's descriptor may name another file now): drop the maps
-            self._rltrain_learner, self._rltrain_slots = address["learner"], {}
-        slots = self._rltrain_slots
         try:
-            if address["path"] not in slots:
-                slots[address["path"]] = open_slot(address)
+            weights = open_slot(address)
         except OSError as e:
-            return {"error": f"the server cannot map the learner's weight slot {address['path']} ({e}): it must run "
-                             "on the learner's machine, as the learner's user, and see its processes"}
+            return {"kind": "map", "error": f"it cannot map the learner's weight slot {address['path']} ({e}); it "
+                                            "must run on the learner's machine (not in another container), as "
+                                            "the learner's user"}
         if getattr(self, "_rltrain_model", None) is None:
             self._rltrain_model = VLLMModel(self.model_runner)
         try:
-            self._rltrain_model.load(slots[address["path"]])
+            self._rltrain_model.load(weights)
         except ValueError as e:
-            return {"error": str(e)}
+            return {"kind": "weights", "error": str(e)}
         return {"loaded": address["path"]}
-
-    def rltrain_release(self) -> None:
-        """Drop the maps of the learner's slots (its memory is freed once the learner is gone too)."""
-        self._rltrain_learner, self._rltrain_slots = None, {}

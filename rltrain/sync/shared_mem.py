@@ -172,12 +172,18 @@ class _SharedMemReceiver(WeightReceiver):
         shared, n_slots = self._shared, len(self._shared.slots)
         if int(shared.word) // n_slots == self.version:  # lock-free fast path: nothing new
             return False
-        with shared.locked():
-            word = int(shared.word)
-            self._pin.fill_(word % n_slots)
+        word = self._pin_newest()
         bind_weights(self._policy, shared.slots[word % n_slots].views)
         self.version = word // n_slots
         return True
+
+    def _pin_newest(self) -> int:
+        """Pin the published slot (the sender writes no pinned slot); its word (version * slots + slot)."""
+        shared = self._shared
+        with shared.locked():
+            word = int(shared.word)
+            self._pin.fill_(word % len(shared.slots))
+        return word
 
     def close(self) -> None:
         self._pin.fill_(-1)

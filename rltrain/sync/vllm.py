@@ -66,19 +66,28 @@ class _VLLMReceiver(_SharedMemReceiver):
         self._policy = model
         self.poll()
 
-    def poll(self) -> bool:
+    def reserve(self) -> int:
+        """Pin the newest published version for the engine's next load, from the process that asks for
+        a generation (the learner's): a push that lands before the engine reads the request does not
+        change which version generates it, so the lag is the same on a busy machine. Its word, for
+        ``poll``."""
+        return self._pin_newest()
+
+    def poll(self, reserved: int | None = None) -> bool:
+        """Load the version ``reserve`` pinned (``reserved``, its word), else the newest; unpinned after."""
         shared, n_slots = self._shared, len(self._shared.slots)
-        if int(shared.word) // n_slots == self.version:
-            return False
-        with shared.locked():
-            word = int(shared.word)
-            self._pin.fill_(word % n_slots)  # the sender writes no pinned slot
-        version = word // n_slots
+        if reserved is None:
+            if int(shared.word) // n_slots == self.version:
+                return False
+            reserved = self._pin_newest()
+        version = reserved // n_slots
         try:
+            if version == self.version:
+                return False
             if self.on_load is not None:
                 self.on_load(version)
             try:
-                self._policy.load_slot(shared.slots[word % n_slots])
+                self._policy.load_slot(shared.slots[reserved % n_slots])
             except ValueError as e:
                 raise SyncError(f"sync=vllm: weights version {version} do not fit the engine's model: {e}") from None
         finally:
