@@ -1,12 +1,13 @@
 """Weight push into a vLLM engine (``sync=vllm``): the time until the engine holds a new version of the
-learner's weights, beside the same bytes with no vLLM, one call per tensor, and a file; and vLLM's
-generation beside ``TransformersEngine``.
+learner's weights, beside the same bytes with no vLLM, one call per tensor, a file, and the same push
+into a vLLM server the user runs (``collector.vllm_url``); and vLLM's generation, in rltrain's engine
+and in that server, beside ``TransformersEngine``.
 
 Models: Qwen2 models written by ``rltrain.llm.tiny.write_tiny_model`` (random weights, 32-wide heads)
 at each size of SIZES, into a temporary dir under /tmp, float32; the learner is that dir loaded with
 transformers (``LanguageModel.load``), one torch thread (``--threads``). Before every timed push the
 learner's first parameter gets 1e-3 added, so every method moves new weights. Rounds alternate
-between the methods (rltrain, floor, per tensor, file, in that order); a warm-up round first,
+between the methods (rltrain, floor, per tensor, file, server, in that order); a warm-up round first,
 discarded; ms per push, median [p10-p90] of ROUNDS rounds. Each method counts from the learner's
 first step until the engine has answered that it holds the new weights:
 
@@ -27,21 +28,35 @@ first step until the engine has answered that it holds the new weights:
 - ``file`` (TorchRL's double-buffer scheme): ``safetensors.torch.save_file`` of every weight to a file
   in /dev/shm (two files, used in turn), then one message asks the same engine process to
   ``load_file`` it and ``VLLMModel.load`` the dict.
+- ``server``: the same push into the same slots, then ``VLLMServer.sync()`` (``rltrain.llm.vllm_server``)
+  into vLLM's OpenAI-compatible server, started for each size as the README's "A vLLM server of your
+  own" says (``python -m vllm.entrypoints.openai.api_server`` on the model dir, ``VLLM_SERVER_DEV_MODE=1``,
+  rltrain's worker extension, ``--logprobs-mode processed_logprobs --dtype float32 --enforce-eager``,
+  ``VLLM_CPU_KVCACHE_SPACE=1``) on 127.0.0.1 at a free port, in its own session, and stopped at the end
+  (SIGTERM to its process group, SIGKILL to what is left after 60 s). Its receiver is in the learner:
+  sync() makes four HTTP requests in turn, each answered before the next: ``/pause?mode=wait``,
+  ``/collective_rpc`` ``rltrain_load`` (the server's worker maps the slot through
+  ``/proc/<learner pid>/fd/<fd>`` and ``VLLMModel.load``s it), ``/reset_prefix_cache``, ``/resume``; it
+  returns the version once ``/resume`` has answered. The server table times each request in the
+  learner, and the learner's ``sender.push()`` before them.
 
 After the timed rounds each method loads one more version and the engine's log-probs of a fixed
-sequence are compared with the learner's (transformers) under those weights: ``max |dlogp|``.
+sequence are compared with the learner's (transformers) under those weights: ``max |dlogp|`` (the
+server's: ``VLLMServer.probe``, prompt log-probs through ``/v1/completions``).
 The profile table times ``VLLMModel.load``'s steps in the per-tensor/file engine process (the same
 vLLM, the same model), loading each round's pushed slot through a ``sync=vllm`` receiver as
 rltrain's engine does, with the steps wrapped by timers: initialize, load_weights (vLLM repacks each
 linear layer for oneDNN as soon as all its weights arrived: "GEMM repack"), finalize, rltrain's extra
 embedding repack, reset_prefix_cache.
 
-Generation: ``VLLMEngine.generate`` beside ``TransformersEngine.generate`` on the tiny model
-(``tiny_model_dir``), 16 prompts x 8 completions, temperature 1, top_p 1, max_new_tokens 16, seed 0
-every call, alternating rounds after a warm-up one; generated tokens (``completion_mask``) per second.
+Generation: ``VLLMEngine.generate``, ``VLLMServer.generate`` (a server started as above on the same
+model: one ``/v1/completions`` request per prompt, all in flight together) and
+``TransformersEngine.generate`` on the tiny model (``tiny_model_dir``), 16 prompts x 8 completions,
+temperature 1, top_p 1, max_new_tokens 16, seed 0 every call, alternating rounds (in that order) after
+a warm-up one; generated tokens (``completion_mask``) per second.
 
 ``--quick``: only the smallest size, 2 rounds. A full run takes several minutes (a vLLM start per
-engine, the largest model's writes and loads): the category runs only when named.
+engine and server, the largest model's writes and loads): the category runs only when named.
 """
 
 from __future__ import annotations
@@ -49,7 +64,10 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 import traceback
@@ -57,16 +75,18 @@ from collections import defaultdict
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from benchmarks.core import OURS, Goal, Row, Stat, Table
+from benchmarks.core import OURS, ROOT, Goal, Row, Stat, Table
 
 NAME, TITLE = "vllm_push", "Weight push into vLLM"
 SIZES = [(128, 12), (640, 21), (1280, 20)]  # (hidden size, layers): about 1.8M, 77M and 296M parameters
 ROUNDS, QUICK_ROUNDS = 5, 2
-FLOOR, PER_TENSOR, FILE = "floor", "per tensor", "file"
+FLOOR, PER_TENSOR, FILE, SERVER = "floor", "per tensor", "file", "server"
 KV_CACHE_GB = 1
 TIMEOUT_S = 600.0
-MEMORY_FACTOR = 14  # bytes of RAM per byte of weights the methods hold at once (slots, engines, files)
+STOP_S = 60.0  # how long a server's process group has after SIGTERM before SIGKILL
+MEMORY_FACTOR = 15  # bytes of RAM per byte of weights the methods hold at once (slots, engines, server, files)
 PROMPTS, GROUP, MAX_NEW_TOKENS = 16, 8, 16
+SERVER_STEPS = ["/pause", "rltrain_load", "/reset_prefix_cache", "/resume"]  # VLLMServer's calls in a push
 STEPS = ["initialize", "load_weights", "GEMM repack", "finalize", "embedding repack", "reset_prefix_cache", "other"]
 
 
@@ -112,6 +132,9 @@ class CopyModel:
             self.tensors = {name: torch.empty_like(t) for name, t in weights.items()}
         for name, t in weights.items():
             self.tensors[name].copy_(t)
+
+    def load_slot(self, slot) -> None:
+        self.load(slot.views)
 
 
 def floor_main(conn, receiver) -> None:
@@ -169,7 +192,7 @@ class TimedModel:
                    (layer_utils, "dispatch_cpu_unquantized_gemm", "GEMM repack"),
                    (UnquantizedEmbeddingMethod, "process_weights_after_loading", "embedding repack"),
                    (self.model.model, "load_weights", "load_weights"),
-                   (self.model.llm, "reset_prefix_cache", "reset_prefix_cache")]
+                   (self.model, "reset_prefix_cache", "reset_prefix_cache")]
         saved = [(owner, attr, owner.__dict__.get(attr)) for owner, attr, _ in patches]
         for owner, attr, step in patches:
             setattr(owner, attr, timed(step, getattr(owner, attr)))
@@ -186,6 +209,9 @@ class TimedModel:
         times["other"] = total - sum(times.values())
         self.times = {"total": total, **times}
 
+    def load_slot(self, slot) -> None:
+        self.load(slot.views)
+
 
 def _start_vllm(source: str):
     """vLLM's ``LLM`` in this process, as ``rltrain.llm.vllm_engine.engine_main`` starts it."""
@@ -194,7 +220,7 @@ def _start_vllm(source: str):
     mp.set_start_method("fork", force=True)
     from vllm import LLM
 
-    return LLM(model=source, dtype="float32", enforce_eager=True, seed=0)
+    return LLM(model=source, dtype="float32", enforce_eager=True, seed=0, logprobs_mode="processed_logprobs")
 
 
 def load_one(model, name: str, tensor) -> None:
@@ -218,7 +244,7 @@ def repack_and_reset(model) -> None:
     for module in model.model.modules():
         if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
             module.quant_method.process_weights_after_loading(module)
-    model.llm.reset_prefix_cache()
+    model.reset_prefix_cache()
 
 
 def probe_logprobs(llm, ids: list[int]) -> list[float]:
@@ -239,10 +265,10 @@ def peer_engine_main(conn, source: str, receiver) -> None:
         from rltrain.llm.vllm_engine import VLLMModel
 
         llm = _start_vllm(source)
-        model = VLLMModel(llm)
+        model = VLLMModel(llm.llm_engine.model_executor.driver_worker.worker.model_runner, llm.reset_prefix_cache)
         timed = TimedModel(model)
         receiver.connect(timed)
-        return {"model": model, "timed": timed, "receiver": receiver, "torch": torch}
+        return {"llm": llm, "model": model, "timed": timed, "receiver": receiver, "torch": torch}
 
     def tensor(conn, state, name, shape, dtype, nbytes):
         torch = state["torch"]
@@ -266,7 +292,7 @@ def peer_engine_main(conn, source: str, receiver) -> None:
         conn.send(("profiled", state["timed"].times))
 
     def probe(conn, state, ids):
-        conn.send(("probed", probe_logprobs(state["model"].llm, ids)))
+        conn.send(("probed", probe_logprobs(state["llm"], ids)))
 
     _serve(conn, setup, {"tensor": tensor, "tensors_done": tensors_done, "file": file, "profile": profile,
                          "probe": probe})
@@ -327,6 +353,58 @@ class Spawned:
         self.proc = None
 
 
+class Server:
+    """A vLLM OpenAI-compatible server on ``source``, started as the README's "A vLLM server of your
+    own" says (dev mode, rltrain's worker extension, 127.0.0.1 and a free port), in its own session;
+    ``close`` stops its whole process group: SIGTERM, then SIGKILL what is left after STOP_S."""
+
+    def __init__(self, source: str, log: Path):
+        from rltrain.llm.vllm_server import EXTENSION
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        self.url, self.log = f"http://127.0.0.1:{port}", log
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", source,
+                 "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
+                 "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)],
+                env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{KV_CACHE_GB:g}"},
+                cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def wait_healthy(self, timeout_s: float = TIMEOUT_S) -> str:
+        from rltrain.llm.vllm_server import ServerError, call
+
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                call(self.url, "/health", timeout=2)
+                return self.url
+            except ServerError:
+                pass
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                state = f"did not answer within {timeout_s:g} s" if self.proc.poll() is None else \
+                    f"exited ({self.proc.returncode})"
+                raise RuntimeError(f"the vLLM server {state}: {self.log.read_text()[-3000:]}")
+            time.sleep(1.0)
+
+    def close(self) -> None:
+        group = self.proc.pid
+        for sig, grace_s in ((signal.SIGTERM, STOP_S), (signal.SIGKILL, 10.0)):
+            deadline = time.monotonic() + grace_s
+            try:
+                os.killpg(group, sig)
+                while time.monotonic() < deadline:
+                    self.proc.poll()  # reaps the server's first process once it exits
+                    os.killpg(group, 0)  # ProcessLookupError once no process is left in the group
+                    time.sleep(0.2)
+            except ProcessLookupError:
+                self.proc.poll()
+                return
+        print(f"vllm_push: the vLLM server's process group {group} outlived SIGKILL", file=sys.stderr)
+
+
 # --- the learner's side ---------------------------------------------------------------------------------------------
 
 def learner_logprobs(learner, ids: list[int]) -> list[float]:
@@ -359,22 +437,26 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
     import torch
     from safetensors.torch import save_file
 
-    from rltrain.llm.model import LanguageModel, served_weights
+    from rltrain.llm.model import LanguageModel
     from rltrain.llm.tiny import write_tiny_model
     from rltrain.llm.vllm_engine import VLLMEngine
-    from rltrain.sync.vllm import VLLMSync
+    from rltrain.llm.vllm_server import VLLMServer
+    from rltrain.sync.vllm import VLLMSync, served_weights
 
     torch.set_num_threads(ctx.threads)
     judge = not ctx.quick
     floor_table = Table(f"{TITLE}: ms until the engine holds the new version, median [p10-p90] of {rounds} rounds, "
-                        f"each method's over the floor's", [FLOOR, OURS, PER_TENSOR, FILE], ratio_to=FLOOR,
+                        f"each method's over the floor's", [FLOOR, OURS, PER_TENSOR, FILE, SERVER], ratio_to=FLOOR,
                         ratio_header="{peer} / floor", ratio_mode="over")
     wins_table = Table(f"{TITLE}: how many times faster rltrain's push is than one call per tensor and a file",
                        [OURS, PER_TENSOR, FILE])
     profile_table = Table(f"{TITLE}: where VLLMModel.load's time goes (the per-tensor/file engine loading each "
                           "round's pushed slot through a sync=vllm receiver, its steps timed): ms, median [p10-p90]",
                           ["total", *STEPS], ratio_to=None)
-    methods = [OURS, FLOOR, PER_TENSOR, FILE]
+    server_table = Table(f"{TITLE}: where the server's push goes (the learner's push, then VLLMServer.sync's HTTP "
+                         "calls, each timed in the learner until answered): ms, median [p10-p90]",
+                         ["total", "push (learner)", *SERVER_STEPS, "other"], ratio_to=None)
+    methods = [OURS, FLOOR, PER_TENSOR, FILE, SERVER]
     for hidden, layers in sizes:
         with tempfile.TemporaryDirectory(prefix="rltrain-vllm-push-") as tmp, \
                 tempfile.TemporaryDirectory(prefix="rltrain-vllm-push-", dir="/dev/shm") as shm:
@@ -392,10 +474,10 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                 continue
             scheme = VLLMSync()
             sender = scheme.sender(learner)
-            engine = floor = peer = None
+            engine = floor = peer = server = served = None
             try:
-                engine = VLLMEngine(source, model.tokenizer(), scheme.receiver(), timeout_s=TIMEOUT_S,
-                                    start_timeout_s=TIMEOUT_S)
+                server = Server(source, Path(tmp) / "server.log")  # it starts while the engines below do
+                engine = VLLMEngine(source, model.tokenizer(), scheme.receiver(), timeout_s=TIMEOUT_S)
                 receiver = scheme.receiver()
                 floor = Spawned(floor_main, (receiver,), "the floor's process")
                 receiver.after_spawn()
@@ -403,6 +485,19 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                 peer = Spawned(peer_engine_main, (source, receiver), "the per-tensor/file engine")
                 receiver.after_spawn()
                 files = [os.path.join(shm, f"weights-{i}.safetensors") for i in range(2)]
+                served = VLLMServer(server.wait_healthy(), model.tokenizer(), scheme.receiver(), timeout_s=TIMEOUT_S)
+                calls = defaultdict(float)  # the server's push, step by step
+
+                def timed_call(fn):
+                    def wrapper(what: str, *args, **kwargs):
+                        t0 = time.perf_counter()
+                        try:
+                            return fn(what, *args, **kwargs)
+                        finally:
+                            calls[what.split("?")[0]] += time.perf_counter() - t0
+                    return wrapper
+
+                served.post, served.rpc = timed_call(served.post), timed_call(served.rpc)
 
                 def step(method: str) -> None:
                     if method == OURS:
@@ -413,6 +508,13 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                         version = sender.push()
                         if floor.request(("sync",), "synced")[1] != version:
                             raise RuntimeError(f"the floor's process did not load version {version}")
+                    elif method == SERVER:
+                        calls.clear()
+                        t0 = time.perf_counter()
+                        version = sender.push()
+                        calls["push (learner)"] = time.perf_counter() - t0
+                        if served.sync() != version:
+                            raise RuntimeError(f"the server holds version {served.version}, not {version}")
                     elif method == PER_TENSOR:
                         send_per_tensor(peer, weights)
                     else:
@@ -421,7 +523,7 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                         peer.request(("file", files[0]), "loaded")
 
                 samples = {m: [] for m in methods}
-                steps = defaultdict(list)
+                steps, server_steps = defaultdict(list), defaultdict(list)
                 first = next(iter(weights.values()))
                 for round_ in range(1 + rounds):  # a warm-up round, then rounds alternating between methods
                     for method in methods:
@@ -431,6 +533,11 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                         step(method)
                         if round_:
                             samples[method].append((time.perf_counter() - t0) * 1e3)
+                        if round_ and method == SERVER:
+                            server_steps["total"].append(samples[method][-1])
+                            server_steps["other"].append(samples[method][-1] - sum(calls.values()) * 1e3)
+                            for key, seconds in calls.items():
+                                server_steps[key].append(seconds * 1e3)
                     with torch.no_grad():
                         first.add_(1e-3)
                     t0 = time.perf_counter()
@@ -449,17 +556,23 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                 error = {}
                 step(OURS)
                 error[OURS] = (engine.probe(ids)[0] - expected).abs().max().item()
+                step(SERVER)
+                error[SERVER] = (served.probe(ids)[0] - expected).abs().max().item()
                 for method in (PER_TENSOR, FILE):
                     step(method)
                     got = torch.tensor(peer.request(("probe", ids), "probed")[1])
                     error[method] = (got - expected).abs().max().item()
             finally:
-                for process in (engine, floor, peer):
-                    if process is not None:
-                        process.close()
-                sender.close()
+                try:
+                    for process in (served, engine, floor, peer):
+                        if process is not None:
+                            process.close()
+                finally:
+                    if server is not None:
+                        server.close()
+                    sender.close()
             cells = {m: Stat(samples[m]) for m in methods}
-            extra = {f"{m} max |dlogp|": f"{error[m]:.2g}" for m in (OURS, PER_TENSOR, FILE)}
+            extra = {f"{m} max |dlogp|": f"{error[m]:.2g}" for m in (OURS, PER_TENSOR, FILE, SERVER)}
             floor_table.rows.append(Row(label, dict(cells), target="" if not judge else "rltrain <= 1.3x floor",
                                         goals=(Goal(OURS, at_most=1.3),) if judge else (), extra=extra))
             wins_table.rows.append(Row(label, {m: cells[m] for m in (OURS, PER_TENSOR, FILE)},
@@ -468,12 +581,17 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
             profile_table.rows.append(Row(label, {k: Stat(steps[k]) for k in ["total", *STEPS] if steps.get(k)},
                                           extra={"push (learner)": Stat(steps["push (learner)"]).format(),
                                                  "weights MB": f"{nbytes / 1e6:.1f}"}))
+            server_table.rows.append(Row(label, {k: Stat(v) for k, v in server_steps.items()}))
     floor_table.notes += [
         "floor: the same push into the same shared-memory slots, loaded by a process with no vLLM (a copy_ per "
         "tensor); per tensor: a pipe message and an acknowledged vLLM reload per parameter; file: safetensors in "
-        "/dev/shm, loaded by one message (see the module docstring)",
+        "/dev/shm, loaded by one message; server: the same push, loaded by a vLLM server the benchmark starts as a "
+        "user would, through VLLMServer.sync (see the module docstring)",
         "max |dlogp|: the engine's log-probs of a fixed sequence against the learner's, after one more load"]
-    return [floor_table, wins_table, profile_table]
+    server_table.notes.append("/pause, /reset_prefix_cache, /resume: the server's endpoints; rltrain_load: the "
+                              "worker extension's, through /collective_rpc (VLLMModel.load of the slot it maps via "
+                              "/proc); other: the rest of sync() (the receiver's poll)")
+    return [floor_table, wins_table, profile_table, server_table]
 
 
 def generation_table(ctx, rounds: int) -> Table:
@@ -484,6 +602,7 @@ def generation_table(ctx, rounds: int) -> Table:
     from rltrain.llm.tasks import ReverseDigits
     from rltrain.llm.tiny import tiny_model_dir
     from rltrain.llm.vllm_engine import VLLMEngine
+    from rltrain.llm.vllm_server import VLLMServer
     from rltrain.sync.vllm import VLLMSync
 
     torch.set_num_threads(ctx.threads)
@@ -493,28 +612,39 @@ def generation_table(ctx, rounds: int) -> Table:
     local = TransformersEngine(learner, tok)
     prompts = [r["prompt"] for r in ReverseDigits(length=1, seed=0).take(PROMPTS)]
     sampling = Sampling(1.0, 1.0, MAX_NEW_TOKENS)
-    columns = ["vllm", "transformers"]
+    columns = ["vllm", SERVER, "transformers"]
     table = Table(f"Generation: {PROMPTS} prompts x {GROUP} completions of the tiny model, sampled (temperature 1, "
                   f"top_p 1, max_new_tokens {MAX_NEW_TOKENS}, seed 0 every call), CPU: generated tokens/s, "
                   f"median [p10-p90] of {rounds} rounds", columns, ratio_to="vllm")
     table.notes.append(f"vllm: VLLMEngine.generate (vLLM {_vllm_version()} in its own process, 1 torch thread); "
+                       "server: VLLMServer.generate (the same vLLM as an OpenAI-compatible server, started as the "
+                       "README says: one /v1/completions request per prompt, all in flight together); "
                        f"transformers: TransformersEngine.generate in this process, {ctx.threads} torch thread(s)")
     scheme = VLLMSync()
     sender = scheme.sender(learner)
-    engine = VLLMEngine(model.source(), tok, scheme.receiver(), timeout_s=TIMEOUT_S, start_timeout_s=TIMEOUT_S)
     samples, ms = {c: [] for c in columns}, {c: [] for c in columns}
-    try:
-        for round_ in range(1 + rounds):
-            for column, eng in (("vllm", engine), ("transformers", local)):
-                t0 = time.perf_counter()
-                tokens = int(eng.generate(prompts, GROUP, sampling, seed=0).completion_mask.sum())
-                seconds = time.perf_counter() - t0
-                if round_:
-                    samples[column].append(tokens / seconds)
-                    ms[column].append(seconds * 1e3)
-    finally:
-        engine.close()
-        sender.close()
+    engine = served = None
+    with tempfile.TemporaryDirectory(prefix="rltrain-vllm-push-") as tmp:
+        server = Server(str(model.source()), Path(tmp) / "server.log")  # it starts while the engine does
+        try:
+            engine = VLLMEngine(model.source(), tok, scheme.receiver(), timeout_s=TIMEOUT_S)
+            served = VLLMServer(server.wait_healthy(), tok, scheme.receiver(), timeout_s=TIMEOUT_S)
+            for round_ in range(1 + rounds):
+                for column, eng in zip(columns, (engine, served, local)):
+                    t0 = time.perf_counter()
+                    tokens = int(eng.generate(prompts, GROUP, sampling, seed=0).completion_mask.sum())
+                    seconds = time.perf_counter() - t0
+                    if round_:
+                        samples[column].append(tokens / seconds)
+                        ms[column].append(seconds * 1e3)
+        finally:
+            try:
+                for process in (served, engine):
+                    if process is not None:
+                        process.close()
+            finally:
+                server.close()
+                sender.close()
     row = Row(f"max_new_tokens {MAX_NEW_TOKENS}", {c: Stat(v, "tokens/s", True) for c, v in samples.items()})
     for c in columns:
         row.extra[f"{c} ms per call"] = f"{statistics.median(ms[c]):.1f}"
