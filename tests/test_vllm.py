@@ -35,6 +35,7 @@ if importlib.util.find_spec("vllm") is None:
     pytest.skip("vLLM is not installed (pip install 'rltrain[vllm]')", allow_module_level=True)
 
 VLLM = ("collector.engine=vllm", "sync=vllm")
+_OMP_BEFORE = os.environ.get("OMP_NUM_THREADS")
 PROMPTS = ["reverse 4:", "3+5=", "sort 93:"]
 GREEDY = Sampling(max_new_tokens=6, greedy=True)
 
@@ -93,7 +94,13 @@ def _force(learner, token: int) -> None:
 
 
 def test_pushed_weights_arrive_checked_by_the_engine_and_change_its_generation(served):
+    import psutil
+
     model, learner, sender, engine = served
+    # one OpenMP thread (collector.engine_threads): vLLM's default spins on every core, and beside a busy
+    # learner it generated 10-15x slower (benchmarks/RESULTS.md); the learner's own setting is left alone
+    assert psutil.Process(engine.pid).environ().get("OMP_NUM_THREADS") == "1"
+    assert os.environ.get("OMP_NUM_THREADS") == _OMP_BEFORE
     tokenizer = model.tokenizer()
     original = {k: v.clone() for k, v in learner.state_dict().items()}
     ids = tokenizer("reverse 123: 321", add_special_tokens=False)["input_ids"]

@@ -30,12 +30,13 @@ from rltrain.llm.model import LanguageModel
 from rltrain.llm.rewards import Rewards
 from rltrain.llm.tasks import Task
 from rltrain.protocols import Collector
-from rltrain.rules import Flag, OneOf, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
+from rltrain.rules import Flag, Integer, OneOf, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
 from rltrain.sync.base import WeightReceiver
 
 STOP = Satisfies(lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v),
                  "a list of non-empty strings")
 ENGINES = ("transformers", "vllm")
+THREADS = Integer(1, null="vLLM's own choice: every core")  # collector.engine_threads
 
 
 class GenerationCollector(Collector):
@@ -66,6 +67,7 @@ class GenerationCollector(Collector):
         timeout_s: PositiveNumber = 300.0,
         kv_cache_gb: PositiveNumber = 1.0,
         vllm_url: str | None = None,
+        engine_threads: Annotated[int | None, THREADS] = 1,
     ):
         self.prompts_per_batch = batch_steps(frames_per_batch, group_size, "collector.group_size")
         self.group_size, self.seed, self.batches, self.max_lag = group_size, seed, 0, max_lag
@@ -81,7 +83,7 @@ class GenerationCollector(Collector):
             from rltrain.llm.vllm_engine import VLLMEngine
 
             self.engine = VLLMEngine(model.source(), model.tokenizer(), self.receiver, seed=seed, dtype=model.dtype,
-                                     kv_cache_gb=kv_cache_gb, timeout_s=timeout_s)
+                                     kv_cache_gb=kv_cache_gb, timeout_s=timeout_s, threads=engine_threads)
         else:
             self.engine = TransformersEngine(make_policy().to(device), model.tokenizer())
             self.receiver.connect(self.engine.model)

@@ -20,6 +20,7 @@ version)``, ``("synced", version)``, ``("error", what, traceback_text)``.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import os
 import signal
@@ -40,7 +41,7 @@ class VLLMEngine(Engine):
     (``sync=vllm``'s); ``submit`` then ``collect`` (or ``generate``, both) a batch of completions."""
 
     def __init__(self, source: str, tokenizer, receiver, seed: int = 0, dtype: str = "float32",
-                 kv_cache_gb: float = 1.0, timeout_s: float = 120.0):
+                 kv_cache_gb: float = 1.0, timeout_s: float = 120.0, threads: int | None = 1):
         self.tokenizer, self.timeout_s, self._receiver = tokenizer, timeout_s, receiver
         self._doing = "starting"
         options = {"dtype": dtype, "seed": seed, "enforce_eager": True,
@@ -51,7 +52,8 @@ class VLLMEngine(Engine):
         self._proc = ctx.Process(target=engine_main, name="rltrain-vllm-engine", daemon=True,
                                  args=(child, source, options, receiver, kv_cache_gb))
         try:
-            self._proc.start()
+            with _environment(OMP_NUM_THREADS=None if threads is None else str(threads)):
+                self._proc.start()  # the spawned process's OpenMP reads it when torch loads, before any code of ours
         finally:
             child.close()
         receiver.after_spawn()
@@ -283,6 +285,21 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
     finally:
         receiver.close()
     os._exit(code)  # vLLM's own teardown may wait on threads the learner no longer needs
+
+
+@contextlib.contextmanager
+def _environment(**values: str | None):
+    """``values`` in os.environ while the block runs (None: as it is), then as they were."""
+    before = {key: os.environ.get(key) for key in values}
+    os.environ.update({key: value for key, value in values.items() if value is not None})
+    try:
+        yield
+    finally:
+        for key, value in before.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _die_with_parent() -> None:
