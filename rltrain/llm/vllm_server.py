@@ -39,7 +39,6 @@ from rltrain.llm.vllm_engine import as_generated, encode_prompts, sampling_reque
 EXTENSION = "rltrain.llm.vllm_server.WorkerExtension"
 PROTOCOL = 1  # what rltrain_load takes; a server running another rltrain's extension is refused
 _CHECK_S = 10.0  # how long the checks before training wait for a server's answer
-_RESUME_S = 10.0  # how long a failed weight update waits for the server to resume
 _IN_FLIGHT = 64  # requests sent together at most (one per prompt; one per completion when greedy)
 
 
@@ -259,11 +258,13 @@ class ServerModel:
                 # vLLM refuses while blocks are held; paused after the requests in flight, none should be
                 raise server._fault("vLLM could not reset its prefix cache after a weight update (cached keys and "
                                     "values of the old weights would be reused)")
-        finally:
-            try:  # whatever happened: a server left paused would hang every other client of it
-                call(server.url, "/resume", timeout=min(server.timeout_s, _RESUME_S), post=True)
-            except ServerError:
-                pass  # gone, or it fails with a fault of its own that the load has already raised
+        except BaseException:
+            try:  # a server left paused would hang every other client of it
+                server.post("/resume", "resuming the server after a failed weight update")
+            except CollectorError:
+                pass  # gone, or stuck: the load's own fault is the one to report
+            raise
+        server.post("/resume", "resuming the server after a weight update")
 
 
 def slot_address(slot) -> dict:
