@@ -302,12 +302,15 @@ class Spawned:
     """The learner's end of a process started by ``_serve``: requests and their bounded waits."""
 
     def __init__(self, target, args: tuple, name: str, start_timeout_s: float = TIMEOUT_S):
+        from rltrain.llm.vllm_engine import temporary_environment
+
         ctx = mp.get_context("spawn")
         self.conn, child = ctx.Pipe()
         self.name = name
         self.proc = ctx.Process(target=target, args=(child, *args), name=name, daemon=True)
         try:
-            self.proc.start()
+            with temporary_environment(OMP_NUM_THREADS="1"):  # as VLLMEngine starts its (engine_threads)
+                self.proc.start()
         finally:
             child.close()
         try:

@@ -52,7 +52,7 @@ class VLLMEngine(Engine):
         self._proc = ctx.Process(target=engine_main, name="rltrain-vllm-engine", daemon=True,
                                  args=(child, source, options, receiver, kv_cache_gb))
         try:
-            with _environment(OMP_NUM_THREADS=None if threads is None else str(threads)):
+            with temporary_environment(OMP_NUM_THREADS=None if threads is None else str(threads)):
                 self._proc.start()  # the spawned process's OpenMP reads it when torch loads, before any code of ours
         finally:
             child.close()
@@ -288,7 +288,7 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
 
 
 @contextlib.contextmanager
-def _environment(**values: str | None):
+def temporary_environment(**values: str | None):
     """``values`` in os.environ while the block runs (None: as it is), then as they were."""
     before = {key: os.environ.get(key) for key in values}
     os.environ.update({key: value for key, value in values.items() if value is not None})
