@@ -362,18 +362,16 @@ class Server:
     ``close`` stops its whole process group: SIGTERM, then SIGKILL what is left after STOP_S."""
 
     def __init__(self, source: str, log: Path):
-        from rltrain.llm.vllm_server import EXTENSION
+        from rltrain.llm.vllm_server import server_command
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url, self.log = f"http://127.0.0.1:{port}", log
+        env, argv = server_command(source, port)  # the README's command
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", source,
-                 "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
-                 "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)],
-                env={**os.environ, "VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": f"{KV_CACHE_GB:g}"},
+                [sys.executable, *argv[1:]], env={**os.environ, **env, "VLLM_CPU_KVCACHE_SPACE": f"{KV_CACHE_GB:g}"},
                 cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_healthy(self, timeout_s: float = TIMEOUT_S) -> str:
@@ -491,16 +489,16 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                 served = VLLMServer(server.wait_healthy(), model.tokenizer(), scheme.receiver(), timeout_s=TIMEOUT_S)
                 calls = defaultdict(float)  # the server's push, step by step
 
-                def timed_call(fn):
-                    def wrapper(what: str, *args, **kwargs):
-                        t0 = time.perf_counter()
-                        try:
-                            return fn(what, *args, **kwargs)
-                        finally:
-                            calls[what.split("?")[0]] += time.perf_counter() - t0
-                    return wrapper
+                def timed_post(path: str, doing: str, body: dict | None = None):
+                    # every HTTP call of VLLMServer goes through post; an rpc is named by its method
+                    t0 = time.perf_counter()
+                    try:
+                        return post(path, doing, body)
+                    finally:
+                        step = body["method"] if path == "/collective_rpc" else path.split("?")[0]
+                        calls[step] += time.perf_counter() - t0
 
-                served.post, served.rpc = timed_call(served.post), timed_call(served.rpc)
+                post, served.post = served.post, timed_post
 
                 def step(method: str) -> None:
                     if method == OURS:

@@ -225,7 +225,6 @@ class VLLMModel:
             raise ValueError(f"the learner's weights leave vLLM's {', '.join(missing)} unloaded (the learner's model "
                              "has other names than the engine's)")
 
-
     def load_slot(self, slot) -> None:
         """Load a ``sync=vllm`` slot (a FlatBuffer of the served weights)."""
         self.load(slot.views)
