@@ -7,7 +7,7 @@ Models: Qwen2 models written by ``rltrain.llm.tiny.write_tiny_model`` (random we
 at each size of SIZES, into a temporary dir under /tmp, float32; the learner is that dir loaded with
 transformers (``LanguageModel.load``), one torch thread (``--threads``). Before every timed push the
 learner's first parameter gets 1e-3 added, so every method moves new weights. Rounds alternate
-between the methods (rltrain, floor, per tensor, file, server, in that order); a warm-up round first,
+between the methods (rltrain, floor, per tensor, file, server, gloo, in that order); a warm-up round first,
 discarded; ms per push, median [p10-p90] of ROUNDS rounds. Each method counts from the learner's
 first step until the engine has answered that it holds the new weights:
 
@@ -39,6 +39,11 @@ first step until the engine has answered that it holds the new weights:
   ``/proc/<learner pid>/fd/<fd>`` and ``VLLMModel.load``s it), ``/reset_prefix_cache``, ``/resume``; it
   returns the version once ``/resume`` has answered. The server table times each request in the
   learner, and the learner's ``sender.push()`` before them.
+- ``gloo`` (``sync.transport=gloo``): ``sender.push()`` of a ``VLLMSync(transport="gloo")`` into a
+  second rltrain engine started with it: vLLM's transfer calls over the engine's pipe while the learner
+  copies its weights into one host buffer and broadcasts it over a loopback gloo group; the engine
+  receives it into one buffer and ``VLLMModel.load``s it, then resets its prefix cache. ``push()``
+  returns once the engine has answered ``finish_weight_update``.
 
 After the timed rounds each method loads one more version and the engine's log-probs of a fixed
 sequence are compared with the learner's (transformers) under those weights: ``max |dlogp|`` (the
@@ -80,7 +85,7 @@ from benchmarks.core import OURS, ROOT, Goal, Row, Stat, Table
 NAME, TITLE = "vllm_push", "Weight push into vLLM"
 SIZES = [(128, 12), (640, 21), (1280, 20)]  # (hidden size, layers): about 1.8M, 77M and 296M parameters
 ROUNDS, QUICK_ROUNDS = 5, 2
-FLOOR, PER_TENSOR, FILE, SERVER = "floor", "per tensor", "file", "server"
+FLOOR, PER_TENSOR, FILE, SERVER, GLOO = "floor", "per tensor", "file", "server", "gloo"
 KV_CACHE_GB = 1
 TIMEOUT_S = 600.0
 STOP_S = 60.0  # how long a server's process group has after SIGTERM before SIGKILL
@@ -265,7 +270,8 @@ def peer_engine_main(conn, source: str, receiver) -> None:
         from rltrain.llm.vllm_engine import VLLMModel
 
         llm = _start_vllm(source)
-        model = VLLMModel(llm.llm_engine.model_executor.driver_worker.worker.model_runner, llm.reset_prefix_cache)
+        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+        model = VLLMModel(runner.get_model(), runner.model_config, llm.reset_prefix_cache)
         timed = TimedModel(model)
         receiver.connect(timed)
         return {"llm": llm, "model": model, "timed": timed, "receiver": receiver, "torch": torch}
@@ -447,7 +453,8 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
     torch.set_num_threads(ctx.threads)
     judge = not ctx.quick
     floor_table = Table(f"{TITLE}: ms until the engine holds the new version, median [p10-p90] of {rounds} rounds, "
-                        f"each method's over the floor's", [FLOOR, OURS, PER_TENSOR, FILE, SERVER], ratio_to=FLOOR,
+                        f"each method's over the floor's", [FLOOR, OURS, PER_TENSOR, FILE, SERVER, GLOO],
+                        ratio_to=FLOOR,
                         ratio_header="{peer} / floor", ratio_mode="over")
     wins_table = Table(f"{TITLE}: how many times faster rltrain's push is than one call per tensor and a file",
                        [OURS, PER_TENSOR, FILE])
@@ -457,7 +464,7 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
     server_table = Table(f"{TITLE}: where the server's push goes (the learner's push, then VLLMServer.sync's HTTP "
                          "calls, each timed in the learner until answered): ms, median [p10-p90]",
                          ["total", "push (learner)", *SERVER_STEPS, "other"], ratio_to=None)
-    methods = [OURS, FLOOR, PER_TENSOR, FILE, SERVER]
+    methods = [OURS, FLOOR, PER_TENSOR, FILE, SERVER, GLOO]
     for hidden, layers in sizes:
         with tempfile.TemporaryDirectory(prefix="rltrain-vllm-push-") as tmp, \
                 tempfile.TemporaryDirectory(prefix="rltrain-vllm-push-", dir="/dev/shm") as shm:
@@ -473,12 +480,13 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                     table.notes.append(f"{label}: skipped, {memory_available() / 2**30:.1f} GiB available "
                                        f"< {MEMORY_FACTOR} x the weights' {nbytes / 2**30:.2f} GiB")
                 continue
-            scheme = VLLMSync()
-            sender = scheme.sender(learner)
-            engine = floor = peer = server = served = None
+            scheme, through_gloo = VLLMSync(), VLLMSync(transport="gloo")
+            sender, gloo_sender = scheme.sender(learner), through_gloo.sender(learner)
+            engine = floor = peer = server = served = gloo = None
             try:
                 server = Server(source, Path(tmp) / "server.log")  # it starts while the engines below do
                 engine = VLLMEngine(source, model.tokenizer(), scheme.receiver(), timeout_s=TIMEOUT_S)
+                gloo = VLLMEngine(source, model.tokenizer(), through_gloo.receiver(), timeout_s=TIMEOUT_S)
                 receiver = scheme.receiver()
                 floor = Spawned(floor_main, (receiver,), "the floor's process")
                 receiver.after_spawn()
@@ -516,6 +524,10 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                         calls["push (learner)"] = time.perf_counter() - t0
                         if served.sync() != version:
                             raise RuntimeError(f"the server holds version {served.version}, not {version}")
+                    elif method == GLOO:
+                        version = gloo_sender.push()
+                        if gloo.version != version:
+                            raise RuntimeError(f"the gloo engine holds version {gloo.version}, not {version}")
                     elif method == PER_TENSOR:
                         send_per_tensor(peer, weights)
                     else:
@@ -559,21 +571,24 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                 error[OURS] = (engine.probe(ids)[0] - expected).abs().max().item()
                 step(SERVER)
                 error[SERVER] = (served.probe(ids)[0] - expected).abs().max().item()
+                step(GLOO)
+                error[GLOO] = (gloo.probe(ids)[0] - expected).abs().max().item()
                 for method in (PER_TENSOR, FILE):
                     step(method)
                     got = torch.tensor(peer.request(("probe", ids), "probed")[1])
                     error[method] = (got - expected).abs().max().item()
             finally:
                 try:
-                    for process in (served, engine, floor, peer):
+                    for process in (served, engine, gloo, floor, peer):
                         if process is not None:
                             process.close()
                 finally:
                     if server is not None:
                         server.close()
                     sender.close()
+                    gloo_sender.close()
             cells = {m: Stat(samples[m]) for m in methods}
-            extra = {f"{m} max |dlogp|": f"{error[m]:.2g}" for m in (OURS, PER_TENSOR, FILE, SERVER)}
+            extra = {f"{m} max |dlogp|": f"{error[m]:.2g}" for m in (OURS, PER_TENSOR, FILE, SERVER, GLOO)}
             floor_table.rows.append(Row(label, dict(cells), target="" if not judge else "rltrain <= 1.3x floor",
                                         goals=(Goal(OURS, at_most=1.3),) if judge else (), extra=extra))
             wins_table.rows.append(Row(label, {m: cells[m] for m in (OURS, PER_TENSOR, FILE)},
@@ -587,7 +602,8 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
         "floor: the same push into the same shared-memory slots, loaded by a process with no vLLM (a copy_ per "
         "tensor); per tensor: a pipe message and an acknowledged vLLM reload per parameter; file: safetensors in "
         "/dev/shm, loaded by one message; server: the same push, loaded by a vLLM server the benchmark starts as a "
-        "user would, through VLLMServer.sync (see the module docstring)",
+        "user would, through VLLMServer.sync; gloo: sync.transport=gloo into a second rltrain engine, vLLM's "
+        "transfer API (see the module docstring)",
         "max |dlogp|: the engine's log-probs of a fixed sequence against the learner's, after one more load"]
     server_table.notes.append("/pause, /reset_prefix_cache, /resume: the server's endpoints; rltrain_load: the "
                               "worker extension's, through /collective_rpc (VLLMModel.load of the slot it maps via "

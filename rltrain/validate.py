@@ -386,23 +386,50 @@ def _check_engine(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
         raise ConfigError(f"collector.top_p={collector['top_p']} with collector.engine=vllm: vLLM reports the "
                           "log-probs of the cut distribution, the learner those of the whole one; use "
                           "collector.top_p=1 (or collector.engine=transformers)")
-    if resolve_device(cfg.get("device", "auto")).type != "cpu":
-        raise ConfigError(f"collector.engine=vllm with device={cfg.get('device', 'auto')}: the GPU engine (its memory "
-                          "share beside the learner, NCCL pushes) is not built yet; use device=cpu")
+    transport = parts["sync"][1].get("transport", "shared_mem")
+    _check_transport(transport, resolve_device(cfg.get("device", "auto")), collector)
     if url is not None:
-        _check_server(url)
+        _check_server(url, transport)
 
 
-def _check_server(url) -> None:
+def _check_transport(transport: str, device: torch.device, collector: dict) -> None:
+    """``sync.transport`` fits the learner's device and where the engine runs."""
+    if transport == "shared_mem":
+        return
+    if importlib.util.find_spec("vllm") is None:
+        raise ConfigError(f"sync.transport={transport} drives vLLM's weight-transfer API from the learner, and vLLM "
+                          "is not installed here: pip install 'rltrain[vllm]' (on a GPU machine: pip install vllm), "
+                          "or sync.transport=shared_mem")
+    if transport in ("nccl", "ipc") and device.type != "cuda":
+        raise ConfigError(f"sync.transport={transport} moves GPU tensors, and the learner is on {device}: use "
+                          "device=cuda, or sync.transport=shared_mem (or gloo) on the CPU")
+    if device.type != "cuda" or collector.get("vllm_url") is not None:
+        return
+    from rltrain.collectors.generation import engine_gpu_index
+
+    engine_gpu = engine_gpu_index(device, collector.get("engine_gpu"))
+    if engine_gpu >= torch.cuda.device_count():
+        raise ConfigError(f"collector.engine_gpu={engine_gpu}: this machine has {torch.cuda.device_count()} GPU(s)")
+    same = engine_gpu == (device.index or 0)
+    if transport == "nccl" and same:
+        raise ConfigError(f"sync.transport=nccl with rltrain's engine on the learner's GPU ({engine_gpu}): NCCL takes "
+                          "one process per GPU; use sync.transport=ipc, or collector.engine_gpu=<another GPU>")
+    if transport == "ipc" and not same:
+        raise ConfigError(f"sync.transport=ipc with rltrain's engine on GPU {engine_gpu} and the learner on {device}: "
+                          "CUDA IPC shares memory of one GPU; use sync.transport=nccl, or collector.engine_gpu=null")
+
+
+def _check_server(url, transport: str = "shared_mem") -> None:
     """``collector.vllm_url`` is a URL where a vLLM server answers, in dev mode, with rltrain's worker
-    extension and the log-probs GRPO needs (asked of it now: a few seconds at most)."""
+    extension, the log-probs GRPO needs and ``sync.transport``'s backend (asked of it now: a few
+    seconds at most)."""
     from rltrain.llm.vllm_server import ServerError, check_server
 
     if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
         raise ConfigError(f"collector.vllm_url={url!r} is not a URL; give the server's, e.g. "
                           "collector.vllm_url=http://127.0.0.1:8000 (or null for rltrain's own engine)")
     try:
-        check_server(url)
+        check_server(url, transport=transport)
     except ServerError as e:
         raise ConfigError(str(e)) from None
 

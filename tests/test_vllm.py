@@ -59,18 +59,20 @@ def _left_behind(tag: str) -> list[int]:
     return found
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """A learner (the tiny model), its sync=vllm sender, and a vLLM engine on the same model dir."""
+@pytest.fixture(scope="module", params=["shared_mem", "gloo"])
+def served(request, tmp_path_factory):
+    """A learner (the tiny model), its sync=vllm sender (each ``sync.transport`` that runs on the CPU), and
+    a vLLM engine on the same model dir."""
     from rltrain.llm.vllm_engine import VLLMEngine
 
     model = LanguageModel(str(write_tiny_model(tmp_path_factory.mktemp("model") / "tiny")))
     learner = model.load()
-    scheme = VLLMSync()
+    scheme = VLLMSync(transport=request.param)
     sender = scheme.sender(learner)
     engine = VLLMEngine(model.source(), model.tokenizer(), scheme.receiver(), timeout_s=60)
     yield model, learner, sender, engine
     engine.close()
+    sender.close()
 
 
 def _learner_probe(model, learner, ids: list[int]) -> torch.Tensor:
@@ -127,6 +129,26 @@ def test_pushed_weights_arrive_checked_by_the_engine_and_change_its_generation(s
     assert after.logprobs.equal(before.logprobs)
     logprobs, _ = engine.probe(ids)
     assert torch.allclose(logprobs, _learner_probe(model, learner, ids), atol=1e-4)
+
+
+def test_a_push_while_a_batch_is_generated_never_mixes_two_versions(served):
+    model, learner, sender, engine = served
+    original = {k: v.clone() for k, v in learner.state_dict().items()}
+    chosen = model.tokenizer().convert_tokens_to_ids("7")
+    forced = Sampling(max_new_tokens=5, greedy=True)
+    held = engine.sync()
+    try:
+        engine.submit(PROMPTS, 4, forced)  # as collector.max_lag=1 does, then the learner pushes meanwhile
+        _force(learner, chosen)
+        version = sender.push()
+        batch = engine.collect()
+        # the batch asked for before the push is the old weights' alone; the next one the new weights'
+        assert batch.version == held and not any(text == "77777" for text in batch.texts)
+        after = engine.generate(PROMPTS, 4, forced)
+        assert after.version == version and after.texts == ["77777"] * 12
+    finally:
+        learner.load_state_dict(original)
+        sender.push()
 
 
 def test_sampled_log_probs_are_the_learner_s_and_a_seed_repeats_a_batch(served):
@@ -233,7 +255,8 @@ def test_a_run_stopped_by_sigterm_stops_its_engine_and_resumes_as_if_never_stopp
     assert learning_rows(tmp_path / "outputs/split") == learning_rows(tmp_path / "outputs/full")
 
 
-def test_an_engine_killed_mid_run_fails_the_run_naming_it(tmp_path):
+@pytest.mark.parametrize("transport", ["shared_mem", "gloo"])
+def test_an_engine_killed_mid_run_fails_the_run_naming_it(tmp_path, transport):
     import psutil
 
     shm, tag, engine = _shm(), str(tmp_path), []
@@ -242,7 +265,9 @@ def test_an_engine_killed_mid_run_fails_the_run_naming_it(tmp_path):
         engine.extend(p for p in psutil.Process(run.pid).children() if "spawn_main" in " ".join(p.cmdline()))
         engine[0].kill()
 
-    err = fails_when_killed_mid_run(tmp_path, kill_engine, env={"RLTRAIN_TEST_TAG": tag})
+    err = fails_when_killed_mid_run(tmp_path, kill_engine, f"sync.transport={transport}",
+                                    env={"RLTRAIN_TEST_TAG": tag})
+    # mid-generation or mid-push (gloo: most of a step is pushes), the engine is named, not waited for
     assert f"the vLLM engine (pid {engine[0].pid}) died (killed by SIGKILL) while" in err, err[-2000:]
     assert not _left_behind(tag) and _shm() <= shm
 
@@ -277,6 +302,9 @@ def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None 
     (("algo=grpo", *VLLM, "collector.max_lag=2"), "collector.max_lag=2 with collector.engine=vllm"),
     (("algo=grpo", *VLLM, "collector.top_p=0.9"), "collector.top_p=0.9 with collector.engine=vllm"),
     (("algo=grpo", *VLLM, "sync.every=2"), "sync.every=2 with sync=vllm"),
+    (("algo=grpo", *VLLM, "sync.transport=nccl"), "sync.transport=nccl moves GPU tensors, and the learner is on cpu"),
+    (("algo=grpo", *VLLM, "sync.transport=ipc"), "sync.transport=ipc moves GPU tensors"),
+    (("algo=grpo", *VLLM, "sync.transport=tcp"), "sync.transport"),
 ])
 def test_an_engine_and_a_sync_that_do_not_go_together_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -288,3 +316,7 @@ def test_without_vllm_the_pip_install_is_named(monkeypatch):
     with pytest.raises(ConfigError, match=r"collector.engine=vllm needs vLLM, which is not installed: "
                                           r"pip install 'rltrain\[vllm\]'"):
         validate(make_config("algo=grpo", *VLLM))
+    # a server of the user's needs no vLLM beside the learner, unless the learner drives vLLM's transfer API
+    with pytest.raises(ConfigError, match=r"sync.transport=gloo drives vLLM's weight-transfer API from the learner, "
+                                          r"and vLLM is not installed here"):
+        validate(make_config("algo=grpo", *VLLM, "collector.vllm_url=http://127.0.0.1:8000", "sync.transport=gloo"))

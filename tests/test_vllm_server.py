@@ -20,7 +20,7 @@ from rltrain.errors import CollectorError, ConfigError, SyncError
 from rltrain.llm.engine import Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.tiny import write_tiny_model
-from rltrain.llm.vllm_server import VLLMServer, call, server_command
+from rltrain.llm.vllm_server import ServerError, VLLMServer, call, check_server, server_command
 from rltrain.sync import VLLMSync
 from rltrain.validate import validate
 from tests.conftest import make_config, run_cli
@@ -50,7 +50,7 @@ def server(tmp_path_factory):
     model = write_tiny_model(here / "tiny")
     port = free_port()
     url, log = f"http://127.0.0.1:{port}", here / "server.log"
-    env, argv = server_command(model, port)  # the README's command
+    env, argv = server_command(model, port, transport="gloo")  # the README's command; it takes either transport
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, *argv[1:]], env={**os.environ, **env, "RLTRAIN_TEST_TAG": str(here)},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -91,18 +91,19 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _connected(url: str, model_dir, learner=None):
+def _connected(url: str, model_dir, learner=None, transport: str = "shared_mem"):
     model = LanguageModel(str(model_dir))
     learner = model.load() if learner is None else learner
-    scheme = VLLMSync()
+    scheme = VLLMSync(transport=transport)
     sender = scheme.sender(learner)
     return model, learner, sender, VLLMServer(url, model.tokenizer(), scheme.receiver(), timeout_s=120)
 
 
-def test_pushed_weights_reach_the_user_s_server_checked_where_they_land(server):
+@pytest.mark.parametrize("transport", ["shared_mem", "gloo"])
+def test_pushed_weights_reach_the_user_s_server_checked_where_they_land(server, transport):
     url, model_dir, _ = server
     shm = _shm()
-    model, learner, sender, engine = _connected(url, model_dir)
+    model, learner, sender, engine = _connected(url, model_dir, transport=transport)
     tokenizer = model.tokenizer()
     original = {k: v.clone() for k, v in learner.state_dict().items()}
     ids = tokenizer("reverse 123: 321", add_special_tokens=False)["input_ids"]
@@ -138,7 +139,8 @@ def test_pushed_weights_reach_the_user_s_server_checked_where_they_land(server):
         assert (ours[kept] - first.logprobs[kept]).abs().max() < 1e-4
     finally:
         engine.close()
-    assert _shm() <= shm  # the slots reach the server through /proc: nothing named in /dev/shm
+        sender.close()
+    assert _shm() <= shm  # the slots reach the server through /proc, gloo over TCP: nothing named in /dev/shm
 
 
 def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, tmp_path):
@@ -148,6 +150,20 @@ def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, 
                                         r"cannot load the learner's model\.embed_tokens\.weight \(\d+, 96\)"):
         _connected(url, model_dir, wider)
     assert call(url, "/is_paused")["is_paused"] is False  # the failed update resumed the server
+    # through vLLM's transfer API: names are checked before anything crosses the wire, shapes where they land
+    other = LanguageModel(str(model_dir)).load()
+    other.model.register_parameter("extra", torch.nn.Parameter(torch.zeros(2)))
+    with pytest.raises(SyncError, match=r"the learner's weights are not the served model's \(.*\): not in the "
+                                        r"served model: model\.extra"):
+        _connected(url, model_dir, other, transport="gloo")
+    with pytest.raises(CollectorError, match=r"failed while receiving weights version 0: .*cannot load the "
+                                             r"learner's model\.embed_tokens\.weight \(\d+, 96\)"):
+        _connected(url, model_dir, wider, transport="gloo")
+    assert call(url, "/is_paused")["is_paused"] is False
+    with pytest.raises(ServerError, match=re.escape("with sync.transport=ipc: the server takes no ipc weight "
+                                                    "transfer (its backend: rltrain_gloo); restart it with "
+                                                    "--weight-transfer-config '{\"backend\":\"ipc\"}'")):
+        check_server(url, transport="ipc")
     with pytest.raises(CollectorError, match=r"the server computes in torch.float32, the learner in bfloat16 "
                                              r"\(model.dtype\); restart the server with --dtype bfloat16"):
         VLLMServer(url, None, None, dtype="bfloat16")
@@ -160,9 +176,11 @@ def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, 
 
 
 @pytest.mark.slow
-def test_the_single_token_task_learns_through_the_user_s_server_one_push_behind(server, tmp_path):
+@pytest.mark.parametrize("transport", ["shared_mem", "gloo"])
+def test_the_single_token_task_learns_through_the_user_s_server_one_push_behind(server, tmp_path, transport):
+    # gloo: each push waits for the batch in flight, then pauses the server around vLLM's transfer calls
     url, _, proc = server
-    learns_one_push_behind(tmp_path / "run", f"collector.vllm_url={url}")
+    learns_one_push_behind(tmp_path / "run", f"collector.vllm_url={url}", f"sync.transport={transport}")
     assert proc.poll() is None and _healthy(url)  # the user's server goes on after the run
 
 

@@ -37,6 +37,13 @@ STOP = Satisfies(lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, st
                  "a list of non-empty strings")
 ENGINES = ("transformers", "vllm")
 THREADS = Integer(1, null="vLLM's own choice: every core")  # collector.engine_threads
+GPU = Integer(0, null="the learner's GPU")  # collector.engine_gpu
+
+
+def engine_gpu_index(device: torch.device | str, engine_gpu: int | None) -> int:
+    """The CUDA device index rltrain's vLLM engine runs on beside a learner on ``device``."""
+    device = torch.device(device)
+    return engine_gpu if engine_gpu is not None else (device.index or 0)
 
 
 class GenerationCollector(Collector):
@@ -68,6 +75,8 @@ class GenerationCollector(Collector):
         kv_cache_gb: PositiveNumber = 1.0,
         vllm_url: str | None = None,
         engine_threads: Annotated[int | None, THREADS] = 1,
+        engine_gpu: Annotated[int | None, GPU] = None,
+        engine_gpu_memory: PositiveFraction = 0.4,
     ):
         self.prompts_per_batch = batch_steps(frames_per_batch, group_size, "collector.group_size")
         self.group_size, self.seed, self.batches, self.max_lag = group_size, seed, 0, max_lag
@@ -82,8 +91,10 @@ class GenerationCollector(Collector):
         elif engine == "vllm":
             from rltrain.llm.vllm_engine import VLLMEngine
 
+            gpu = None if torch.device(device).type != "cuda" else engine_gpu_index(device, engine_gpu)
             self.engine = VLLMEngine(model.source(), model.tokenizer(), self.receiver, seed=seed, dtype=model.dtype,
-                                     kv_cache_gb=kv_cache_gb, timeout_s=timeout_s, threads=engine_threads)
+                                     kv_cache_gb=kv_cache_gb, timeout_s=timeout_s, threads=engine_threads,
+                                     gpu=gpu, gpu_memory=engine_gpu_memory)
         else:
             self.engine = TransformersEngine(make_policy().to(device), model.tokenizer())
             self.receiver.connect(self.engine.model)

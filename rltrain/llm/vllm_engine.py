@@ -41,25 +41,36 @@ class VLLMEngine(Engine):
     (``sync=vllm``'s); ``submit`` then ``collect`` (or ``generate``, both) a batch of completions."""
 
     def __init__(self, source: str, tokenizer, receiver, seed: int = 0, dtype: str = "float32",
-                 kv_cache_gb: float = 1.0, timeout_s: float = 120.0, threads: int | None = 1):
+                 kv_cache_gb: float = 1.0, timeout_s: float = 120.0, threads: int | None = 1,
+                 gpu: int | None = None, gpu_memory: float = 0.4):
+        """``gpu``: the CUDA device the engine runs on (an index among this process's visible ones), with
+        ``gpu_memory`` of its memory (vLLM's ``gpu_memory_utilization``); None: the CPU (vLLM's CPU build)."""
         self.tokenizer, self.timeout_s, self._receiver = tokenizer, timeout_s, receiver
         self._doing = "starting"
         options = {"dtype": dtype, "seed": seed, "enforce_eager": True,
                    # the log-prob of each drawn token under the distribution it was drawn from (temperature, top_p)
-                   "logprobs_mode": "processed_logprobs"}
+                   "logprobs_mode": "processed_logprobs", **receiver.engine_options()}
+        environment = {"OMP_NUM_THREADS": None if threads is None else str(threads)}
+        if gpu is not None:
+            options["gpu_memory_utilization"] = gpu_memory
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            environment["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         self._proc = ctx.Process(target=engine_main, name="rltrain-vllm-engine", daemon=True,
                                  args=(child, source, options, receiver, kv_cache_gb))
         try:
-            with temporary_environment(OMP_NUM_THREADS=None if threads is None else str(threads)):
+            with temporary_environment(**environment):
                 self._proc.start()  # the spawned process's OpenMP reads it when torch loads, before any code of ours
         finally:
             child.close()
         receiver.after_spawn()
         self._pending: tuple | None = None
+        self._early: tuple | None = None  # a batch that came back while a push waited for the engine
         try:
             self.version = self._wait("ready", timeout_s)[1]
+            self._doing = "loading the learner's weights"
+            receiver.attach(EngineClient(self), source)  # a push through vLLM's transfer API: the first one now
         except BaseException:
             self.close()
             raise
@@ -84,8 +95,9 @@ class VLLMEngine(Engine):
         """The completions ``submit`` asked for."""
         if self._pending is None:
             raise RuntimeError("collect() without submit()")
-        _, rows, version, self.generate_s = self._wait("generated", self.timeout_s)
-        prompts, self._pending, self.version = self._pending, None, version
+        answer, self._early = self._early or self._wait("generated", self.timeout_s), None
+        _, rows, version, self.generate_s = answer
+        prompts, self._pending, self.version = self._pending, None, max(self.version, version)
         return as_generated(self.tokenizer, prompts, rows, version)
 
     def probe(self, ids: list[int]) -> tuple[torch.Tensor, int]:
@@ -101,6 +113,24 @@ class VLLMEngine(Engine):
         self._send(("sync",), "loading pushed weights")
         self.version = self._wait("synced", self.timeout_s)[1]
         return self.version
+
+    def transfer(self, method: str, arg=None) -> int:
+        """One of vLLM's weight-transfer calls (``LLM``'s ``method``, given ``arg``), in the engine's turn:
+        after the batch it is generating, if any. Returns the version the engine then holds."""
+        self._send(("transfer", method, arg), f"{method.replace('_', ' ')} (a push of the learner's weights)")
+        self.version = self._wait("transferred", self.timeout_s)[1]
+        return self.version
+
+    def finish_batch(self) -> None:
+        """Wait for the batch being generated, if any (kept for ``collect``): a push through vLLM's transfer
+        API comes after it, so that it is all one version."""
+        if self._pending is not None and self._early is None:
+            self._early = self._wait("generated", self.timeout_s)
+
+    def check_alive(self) -> None:
+        """Raise CollectorError if the engine process has died."""
+        if self._proc is not None and not self._proc.is_alive():
+            self._raise_dead()
 
     def _idle(self, what: str) -> None:
         if self._pending is not None:  # its answer would be taken for the other's
@@ -129,6 +159,9 @@ class VLLMEngine(Engine):
                 if msg[0] == "error":
                     raise CollectorError(f"the vLLM engine (pid {self.pid}) failed while {self._doing}: {msg[1]}",
                                          details=msg[2])
+                if msg[0] == "generated" and what != "generated":  # a push waited for the batch to end
+                    self._early = msg
+                    continue
                 if msg[0] != what:
                     raise CollectorError(f"the vLLM engine sent {msg[0]!r} while the learner waited for {what!r}")
                 return msg
@@ -168,15 +201,12 @@ class VLLMModel:
     """What the ``sync=vllm`` receiver loads weights into: vLLM's model in this process (the engine's,
     or a server's worker's)."""
 
-    def __init__(self, runner, reset_prefix_cache: Callable[[], bool] | None = None):
-        """``runner``: vLLM's model runner (its worker's); ``reset_prefix_cache``: vLLM's, called after each
-        load (None: the caller resets it, as a server's client does over HTTP)."""
-        self.runner, self.reset_prefix_cache = runner, reset_prefix_cache
-        self.model = self.runner.get_model()
+    def __init__(self, model, model_config, reset_prefix_cache: Callable[[], bool] | None = None):
+        """``model`` and ``model_config``: vLLM's (its worker's model runner's); ``reset_prefix_cache``:
+        vLLM's, called after each load (None: the caller resets it, as a server's client does over HTTP)."""
+        self.model, self.model_config, self.reset_prefix_cache = model, model_config, reset_prefix_cache
         self.expected = {name for name, _ in self.model.named_parameters()}
-        self.checkpoint = _checkpoint_names(self.runner.model_config.model)
-        if self.checkpoint is not None and getattr(self.runner.model_config.hf_config, "tie_word_embeddings", False):
-            self.checkpoint.discard("lm_head.weight")  # some checkpoints store the tied copy; the learner names it once
+        self.checkpoint = checkpoint_names(model_config.model, model_config.hf_config)
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
         """Load weights named as in the Hugging Face checkpoint (vLLM fuses and repacks them as it loads
@@ -193,13 +223,9 @@ class VLLMModel:
             initialize_layerwise_reload,
         )
 
-        if self.checkpoint is not None and set(weights) != self.checkpoint:
+        if unlike := names_unlike(self.checkpoint, set(weights)):
             # vLLM's own check is per fused weight: a learner without k_proj still "loads" qkv_proj
-            missing, extra = sorted(self.checkpoint - set(weights)), sorted(set(weights) - self.checkpoint)
-            raise ValueError("the learner's weights are not the served model's: "
-                             + "; ".join(f"{what}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
-                                         for what, names in (("missing", missing), ("not in the served model", extra))
-                                         if names))
+            raise ValueError(f"the learner's weights are not the served model's: {unlike}")
         current = [None]
 
         def named():
@@ -214,7 +240,7 @@ class VLLMModel:
             raise ValueError(f"vLLM's {type(self.model).__name__} cannot load the learner's {current[0]} "
                              f"{tuple(weights[current[0]].shape)} ({type(e).__name__}: {e})") from None
         finally:
-            finalize_layerwise_reload(self.model, self.runner.model_config)
+            finalize_layerwise_reload(self.model, self.model_config)
         for module in self.model.modules():
             if isinstance(getattr(module, "quant_method", None), UnquantizedEmbeddingMethod):
                 module.quant_method.process_weights_after_loading(module)
@@ -230,8 +256,19 @@ class VLLMModel:
         self.load(slot.views)
 
 
-def _checkpoint_names(source: str) -> set[str] | None:
-    """The weight names in a local model dir's safetensors files (None for a hub id or another format)."""
+def names_unlike(expected: set[str] | None, given: set[str]) -> str:
+    """What differs between the served model's weight names (``checkpoint_names``; None: unknown) and the
+    learner's: "" if nothing."""
+    if expected is None or given == expected:
+        return ""
+    missing, extra = sorted(expected - given), sorted(given - expected)
+    return "; ".join(f"{what}: {', '.join(names[:8])}{' ...' if len(names) > 8 else ''}"
+                     for what, names in (("missing", missing), ("not in the served model", extra)) if names)
+
+
+def checkpoint_names(source: str, hf_config=None) -> set[str] | None:
+    """The weight names in a local model dir's safetensors files (None for a hub id or another format),
+    less the output layer's copy some checkpoints keep of a tied embedding (the learner names it once)."""
     from pathlib import Path
 
     files = sorted(Path(source).glob("*.safetensors")) if Path(source).is_dir() else []
@@ -243,6 +280,12 @@ def _checkpoint_names(source: str) -> set[str] | None:
     for file in files:
         with safe_open(file, "pt") as f:
             names.update(f.keys())
+    if hf_config is None:
+        from transformers import AutoConfig
+
+        hf_config = AutoConfig.from_pretrained(source)
+    if getattr(hf_config, "tie_word_embeddings", False):
+        names.discard("lm_head.weight")
     return names
 
 
@@ -262,14 +305,18 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
     try:
         from vllm import LLM
 
+        receiver.prepare()
         llm = LLM(model=source, **options)
         receiver.on_load = lambda version: conn.send(("doing", f"loading weights version {version}"))
         runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-        receiver.connect(VLLMModel(runner, llm.reset_prefix_cache))
+        receiver.connect(VLLMModel(runner.get_model(), runner.model_config, llm.reset_prefix_cache))
         conn.send(("ready", receiver.version))
         while (msg := _next(conn)) is not None:
             receiver.poll(msg[1] if msg[0] == "generate" else None)
-            if msg[0] == "generate":
+            if msg[0] == "transfer":
+                _transfer(llm, receiver, *msg[1:])
+                conn.send(("transferred", receiver.version))
+            elif msg[0] == "generate":
                 conn.send(("doing", f"generating with weights version {receiver.version}"))
                 started = time.perf_counter()
                 rows = _generate(llm, *msg[2:])
@@ -284,6 +331,54 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
     finally:
         receiver.close()
     os._exit(code)  # vLLM's own teardown may wait on threads the learner no longer needs
+
+
+def _transfer(llm, receiver, method: str, arg) -> None:
+    """One of vLLM's weight-transfer calls on ``llm``; ``finish_weight_update`` takes the version pushed,
+    and is followed by a reset of the prefix cache (keys and values of the old weights)."""
+    if method == "finish_weight_update":
+        llm.finish_weight_update(str(arg))
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after a weight update")
+        receiver.version = arg
+    elif method in ("init_weight_transfer_engine", "update_weights"):
+        getattr(llm, method)(arg)
+    elif method == "start_weight_update":
+        llm.start_weight_update()
+    else:
+        raise ValueError(f"no weight-transfer call {method!r}")
+
+
+class EngineClient:
+    """vLLM's weight-sync client (``VLLMWeightSyncClient``: the four calls its trainer engines make) for
+    rltrain's own engine, over its pipe. ``version``: what ``finish_weight_update`` stamps the push with."""
+
+    def __init__(self, engine: VLLMEngine):
+        self.engine, self.version = engine, 0
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.engine.transfer("init_weight_transfer_engine", {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.engine.transfer("start_weight_update")
+
+    def update_weights(self, update_info) -> None:
+        self.engine.transfer("update_weights", {"update_info": update_info})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        self.engine.transfer("finish_weight_update", self.version)
+
+    def finish_batch(self) -> None:
+        self.engine.finish_batch()
+
+    def check_alive(self) -> None:
+        self.engine.check_alive()
+
+    def address(self) -> str:
+        return "127.0.0.1"
+
+    def abort(self) -> None:
+        """Nothing to undo: the engine serves no one else."""
 
 
 @contextlib.contextmanager

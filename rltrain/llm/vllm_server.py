@@ -24,6 +24,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import sys
 import time
 import urllib.error
 import urllib.request
@@ -42,18 +43,26 @@ _CHECK_S = 10.0  # how long the checks before training wait for a server's answe
 _IN_FLIGHT = 64  # requests sent together at most (one per prompt; one per completion when greedy)
 
 
-def server_command(model_dir: str = "MODEL_DIR", port: int = 8000) -> tuple[dict[str, str], list[str]]:
+def server_command(model_dir: str = "MODEL_DIR", port: int = 8000,
+                   transport: str = "shared_mem") -> tuple[dict[str, str], list[str]]:
     """The environment and the command that start a vLLM server rltrain can use (the CPU build), on
-    ``model_dir`` at 127.0.0.1:``port``."""
-    return ({"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"},
-            ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-             "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
-             "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)])
+    ``model_dir`` at 127.0.0.1:``port``, taking pushes by ``transport`` (``sync.transport``)."""
+    argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
+            "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
+            "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)]
+    if transport != "shared_mem":
+        argv += ["--weight-transfer-config", transfer_config(transport)]
+    return {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}, argv
 
 
-def _command_line() -> str:
-    env, argv = server_command()
-    return " ".join([*(f"{k}={v}" for k, v in env.items()), *argv])
+def transfer_config(transport: str) -> str:
+    """``--weight-transfer-config``'s value for ``sync.transport`` (vLLM's backend names; rltrain's gloo)."""
+    return json.dumps({"backend": "rltrain_gloo" if transport == "gloo" else transport}, separators=(",", ":"))
+
+
+def _command_line(transport: str = "shared_mem") -> str:
+    env, argv = server_command(transport=transport)
+    return " ".join([*(f"{k}={v}" for k, v in env.items()), *(f"'{a}'" if "{" in a else a for a in argv)])
 
 
 class ServerError(Exception):
@@ -85,11 +94,13 @@ def call(url: str, path: str, body: dict | None = None, timeout: float = 60.0, p
         raise ServerError(f"{url}{path} answered something that is not JSON: {text[:200]!r}") from None
 
 
-def check_server(url: str, timeout_s: float = _CHECK_S) -> dict:
+def check_server(url: str, timeout_s: float = _CHECK_S, transport: str = "shared_mem") -> dict:
     """What rltrain needs to know of the vLLM server at ``url`` (its extension's ``rltrain_info``, the model
-    name it serves and its context); raises ServerError with one line that says what to fix."""
+    name it serves and its context), for pushes by ``transport``; raises ServerError with one line that
+    says what to fix."""
     url = url.rstrip("/")
-    key, start = f"collector.vllm_url={url}", f"{_command_line()} (see the README's 'A vLLM server of your own')"
+    start = f"{_command_line(transport)} (see the README's 'A vLLM server of your own')"
+    key = f"collector.vllm_url={url}"
     try:
         call(url, "/health", timeout=timeout_s)
     except ServerError as e:
@@ -116,6 +127,11 @@ def check_server(url: str, timeout_s: float = _CHECK_S) -> dict:
         raise ServerError(f"{key}: the server reports log-probs as {info.get('logprobs_mode')}, while GRPO needs "
                           "those of the distribution each token was drawn from; restart it with "
                           "--logprobs-mode processed_logprobs")
+    wanted = None if transport == "shared_mem" else json.loads(transfer_config(transport))["backend"]
+    if wanted is not None and info.get("weight_transfer") != wanted:
+        raise ServerError(f"{key} with sync.transport={transport}: the server takes no {wanted} weight transfer "
+                          f"(its backend: {info.get('weight_transfer')}); restart it with --weight-transfer-config "
+                          f"'{transfer_config(transport)}'")
     return {**info, "served_model": models[0]["id"], "max_model_len": models[0].get("max_model_len")}
 
 
@@ -138,6 +154,7 @@ class VLLMServer(Engine):
         self._pending: tuple | None = None
         self._doing = "loading the learner's weights"
         receiver.connect(ServerModel(self))  # the first load: the server's model is checked against the learner's
+        receiver.attach(ServerClient(self), self.info["model"])  # or the first push through vLLM's transfer API
         self.version = receiver.version
 
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
@@ -153,12 +170,24 @@ class VLLMServer(Engine):
         started = time.perf_counter()
         futures = [self._pool.submit(self._complete, ids, params)
                    for ids, params in sampling_requests(rows, group_size, sampling, seed)]
-        self._pending = (padded, futures, started)
+        self._pending = (padded, futures, started, self.version)
 
     def collect(self) -> Generated:
         if self._pending is None:
             raise RuntimeError("collect() without submit()")
-        padded, futures, started = self._pending
+        padded, futures, started, version = self._pending
+        self.finish_batch()
+        self._pending = None
+        answers = [future.result() for future in futures]
+        self.generate_s = max(end for _, end in answers) - started  # not the learner's update meanwhile
+        return as_generated(self.tokenizer, padded, [row for rows, _ in answers for row in rows], version)
+
+    def finish_batch(self) -> None:
+        """Wait until every request of the batch in flight has its answer (kept for ``collect``): a push
+        through vLLM's transfer API waits for it, so that no batch mixes two versions."""
+        if self._pending is None:
+            return
+        futures = self._pending[1]
         done, late = wait_all(futures, timeout=self.timeout_s, return_when=FIRST_EXCEPTION)
         for future in done:
             if future.exception() is not None:
@@ -168,10 +197,6 @@ class VLLMServer(Engine):
             raise CollectorError(f"the vLLM server at {self.url} did not finish {len(late)} of {len(futures)} "
                                  f"requests within {self.timeout_s:g}s while {self._doing} (collector.timeout_s); "
                                  "it is stuck, or slower than that: raise collector.timeout_s")
-        self._pending = None
-        answers = [future.result() for future in futures]
-        self.generate_s = max(end for _, end in answers) - started  # not the learner's update meanwhile
-        return as_generated(self.tokenizer, padded, [row for rows, _ in answers for row in rows], self.version)
 
     def _complete(self, ids: list[int], params: dict) -> tuple[list, float]:
         """One request's completions (token ids, their log-probs, cut by max_tokens), and when it ended."""
@@ -267,6 +292,60 @@ class ServerModel:
         server.post("/resume", "resuming the server after a weight update")
 
 
+class ServerClient:
+    """vLLM's weight-sync client (``VLLMWeightSyncClient``: the four calls its trainer engines make) for a
+    server, over its HTTP routes (dev mode): the server is paused
+    from ``start_weight_update`` to ``finish_weight_update``, after which its prefix cache is reset and it
+    resumes (``abort`` resumes it after a failed push). ``version``: what the push is stamped with."""
+
+    def __init__(self, server: VLLMServer):
+        self.server, self.version = server, 0
+
+    def init_weight_transfer_engine(self, init_info: dict) -> None:
+        self.server.post("/init_weight_transfer_engine", "joining the learner for weight transfer",
+                         {"init_info": init_info})
+
+    def start_weight_update(self) -> None:
+        self.server.post("/pause?mode=wait", "pausing the server for a weight update")
+        self.server.post("/start_weight_update", f"starting the update to weights version {self.version}")
+
+    def update_weights(self, update_info) -> None:
+        from vllm.distributed.weight_transfer.clients import _json_safe_update_payload  # CUDA IPC handles, pickled
+
+        self.server.post("/update_weights", f"receiving weights version {self.version}",
+                         {"update_info": _json_safe_update_payload(update_info)})
+
+    def finish_weight_update(self, weight_version: str | None = None) -> None:
+        server = self.server
+        server.post("/finish_weight_update", f"finishing the update to weights version {self.version}",
+                    {"weight_version": str(self.version)})
+        if not server.post("/reset_prefix_cache", "resetting its prefix cache")["success"]:
+            raise server._fault("vLLM could not reset its prefix cache after a weight update")
+        server.post("/resume", "resuming the server after a weight update")
+        server.version = self.version
+
+    def finish_batch(self) -> None:
+        self.server.finish_batch()
+
+    def check_alive(self) -> None:
+        """Nothing here: every call to the server is bounded, and names it when it fails."""
+
+    def address(self) -> str:
+        """This machine's address as the server reaches it (the store or rendezvous of the transfer)."""
+        from urllib.parse import urlsplit
+
+        from rltrain.llm.vllm_transfer import address_toward
+
+        return address_toward(urlsplit(self.server.url).hostname)
+
+    def abort(self) -> None:
+        """After a failed push: resume the server (left paused, it would hang every other client of it)."""
+        try:
+            self.server.post("/resume", "resuming the server after a failed weight update")
+        except CollectorError:
+            pass  # gone, or stuck: the push's own fault is the one to report
+
+
 def slot_address(slot) -> dict:
     """Where another process of this machine (and user) maps ``slot`` (a shared FlatBuffer): the path
     of its shared-memory file under /proc, its size, and each weight's place in it."""
@@ -301,8 +380,10 @@ class WorkerExtension:
 
     def rltrain_info(self) -> dict:
         config = self.model_runner.model_config
+        transfer = getattr(self.vllm_config, "weight_transfer_config", None)
         return {"protocol": PROTOCOL, "model": config.model, "logprobs_mode": str(config.logprobs_mode),
-                "dtype": str(config.dtype), "pid": os.getpid()}
+                "dtype": str(config.dtype), "pid": os.getpid(),
+                "weight_transfer": None if transfer is None else transfer.backend}
 
     def rltrain_load(self, address: str) -> dict:
         """Load the learner's slot at ``address`` (``slot_address``'s, as JSON) into the model in place; a
@@ -319,9 +400,13 @@ class WorkerExtension:
                                             "must run on the learner's machine (not in another container), as "
                                             "the learner's user"}
         if getattr(self, "_rltrain_model", None) is None:
-            self._rltrain_model = VLLMModel(self.model_runner)
+            self._rltrain_model = VLLMModel(self.model_runner.get_model(), self.model_runner.model_config)
         try:
             self._rltrain_model.load(weights)
         except ValueError as e:
             return {"kind": "weights", "error": str(e)}
         return {"loaded": address["path"]}
+
+
+if "vllm" in sys.modules:  # imported by vLLM's worker (the extension): rltrain's gloo backend into vLLM's factories
+    import rltrain.llm.vllm_transfer  # noqa: E402, F401
