@@ -239,7 +239,7 @@ def load_one(model, name: str, tensor) -> None:
     try:
         model.model.load_weights(iter([(name, tensor)]))
     finally:
-        finalize_layerwise_reload(model.model, model.runner.model_config)
+        finalize_layerwise_reload(model.model, model.model_config)
 
 
 def repack_and_reset(model) -> None:

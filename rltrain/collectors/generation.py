@@ -5,10 +5,11 @@ every completion with the task's reward functions.
 Two engines generate (``engine``). ``transformers`` (the default): a copy of the learner's model, on
 the learner's device, fed only through the weight-sync receiver at the start of each batch, as every
 collector's policy is (on the CPU it reads the published snapshot in place; on a GPU each new version
-is copied into it). ``vllm``: a vLLM engine in a process of its own (``rltrain.llm.vllm_engine``),
-fed by ``sync=vllm``; or, given ``vllm_url``, a vLLM server the user runs on this machine
-(``rltrain.llm.vllm_server``). Either way the learner's optimizer never touches the weights that generate,
-and each completion carries the version that generated it.
+is copied into it). ``vllm``: a vLLM engine in a process of its own (``rltrain.llm.vllm_engine``;
+beside a CUDA learner, on the GPU ``engine_gpu`` with ``engine_gpu_memory`` of its memory), fed by
+``sync=vllm``; or, given ``vllm_url``, a vLLM server the user runs (``rltrain.llm.vllm_server``).
+Either way the learner's optimizer never touches the weights that generate, and each completion
+carries the version that generated it.
 
 With the vLLM engine, ``max_lag: 1`` generates the next batch while the learner updates on this one:
 its completions then come from the weights one push older than the learner's (GRPO's ``tis_cap``

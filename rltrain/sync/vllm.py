@@ -23,6 +23,7 @@ server is paused around it). Nothing is staged: the learner's weights do not cha
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -193,6 +194,9 @@ class _TransferSender(WeightSender):
     def _bounded(self, doing: str, call: Callable):
         """``call()`` on a thread of its own (a transfer stuck in a collective may never return), waited for
         up to ``timeout_s`` while the engine is watched: a dead engine is named, not waited for."""
+        device = next(iter(served_weights(self._policy).values())).device
+        if device.type == "cuda":  # a thread's current CUDA device is 0 whatever the learner's: vLLM reads it
+            call = functools.partial(_on_device, device, call)
         aside = Aside(call)
         deadline = time.monotonic() + self.timeout_s
         while not aside.done(0.2):
@@ -212,6 +216,11 @@ class _TransferSender(WeightSender):
         if self._engine is not None:
             self._engine.shutdown()
             self._engine = None
+
+
+def _on_device(device: torch.device, call: Callable):
+    with torch.cuda.device(device):
+        return call()
 
 
 class _TransferReceiver(WeightReceiver):
