@@ -394,6 +394,13 @@ def _check_engine(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
 
 def _check_transport(transport: str, device: torch.device, collector: dict) -> None:
     """``sync.transport`` fits the learner's device and where the engine runs."""
+    if device.type == "cuda" and collector.get("vllm_url") is None:
+        from rltrain.collectors.generation import engine_gpu_index
+
+        engine_gpu = engine_gpu_index(device, collector.get("engine_gpu"))
+        if engine_gpu >= torch.cuda.device_count():
+            raise ConfigError(f"collector.engine_gpu={engine_gpu}: this machine has {torch.cuda.device_count()} "
+                              "GPU(s)")
     if transport == "shared_mem":
         return
     if importlib.util.find_spec("vllm") is None:
@@ -405,11 +412,6 @@ def _check_transport(transport: str, device: torch.device, collector: dict) -> N
                           "device=cuda, or sync.transport=shared_mem (or gloo) on the CPU")
     if device.type != "cuda" or collector.get("vllm_url") is not None:
         return
-    from rltrain.collectors.generation import engine_gpu_index
-
-    engine_gpu = engine_gpu_index(device, collector.get("engine_gpu"))
-    if engine_gpu >= torch.cuda.device_count():
-        raise ConfigError(f"collector.engine_gpu={engine_gpu}: this machine has {torch.cuda.device_count()} GPU(s)")
     same = engine_gpu == (device.index or 0)
     if transport == "nccl" and same:
         raise ConfigError(f"sync.transport=nccl with rltrain's engine on the learner's GPU ({engine_gpu}): NCCL takes "

@@ -50,9 +50,12 @@ def server_command(model_dir: str = "MODEL_DIR", port: int = 8000,
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
             "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)]
+    env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if transport != "shared_mem":
         argv += ["--weight-transfer-config", transfer_config(transport)]
-    return {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}, argv
+    if transport == "ipc":  # vLLM pickles the CUDA IPC handles over HTTP
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    return env, argv
 
 
 def transfer_config(transport: str) -> str:
@@ -339,11 +342,15 @@ class ServerClient:
         return address_toward(urlsplit(self.server.url).hostname)
 
     def abort(self) -> None:
-        """After a failed push: resume the server (left paused, it would hang every other client of it)."""
-        try:
-            self.server.post("/resume", "resuming the server after a failed weight update")
-        except CollectorError:
-            pass  # gone, or stuck: the push's own fault is the one to report
+        """After a failed push: end vLLM's update (its layerwise reload holds the layers not yet loaded; ended,
+        they keep their old weights) and resume the server (left paused, it would hang every other client of
+        it). Its weights may then mix two versions: the run fails, and the next push replaces them all."""
+        for path, doing in (("/finish_weight_update", "ending a failed weight update"),
+                            ("/resume", "resuming the server after a failed weight update")):
+            try:
+                self.server.post(path, doing)
+            except CollectorError:
+                pass  # gone, stuck, or no update to end: the push's own fault is the one to report
 
 
 def slot_address(slot) -> dict:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
@@ -62,13 +63,15 @@ class WeightsSource(WeightSource):
     vLLM's names, LoRA merged) at each pass."""
 
     def __init__(self, weights: Callable[[], dict[str, torch.Tensor]]):
-        self._weights = weights
+        self._weights, self._declared = weights, None
 
     def metadata(self) -> list[ParamMeta]:
-        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self._weights().items()]
+        self._declared = self._weights()  # the pass that follows sends these (LoRA merged once per push)
+        return [ParamMeta(name, t.dtype, tuple(t.shape)) for name, t in self._declared.items()]
 
     def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-        yield from self._weights().items()
+        weights, self._declared = self._declared or self._weights(), None
+        yield from weights.items()
 
 
 def trainer_engine(transport: str, client, source: WeightsSource, address: str,
@@ -216,7 +219,14 @@ class GlooTrainerWeightTransferEngine(TrainerWeightTransferEngine[GlooTrainerIni
                               [list(layout[n][0]) for n in names])
         self.client.start_weight_update()
         received = Aside(self.client.update_weights, asdict(info))
-        self._group.broadcast(self._buffer.buffer, 0, seconds(self._timeout_s)).wait()
+        sent = self._group.broadcast(self._buffer.buffer, 0, seconds(self._timeout_s))
+        deadline = time.monotonic() + self._timeout_s
+        while not sent.is_completed():  # an engine that failed before receiving is reported, not waited for
+            received.raise_if_failed()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the engine did not receive the weights within {self._timeout_s:g}s")
+            time.sleep(0.002)
+        sent.wait()
         received.result(self._timeout_s)
         self.client.finish_weight_update()
 

@@ -220,6 +220,9 @@ class _TransferSender(WeightSender):
 
 def _on_device(device: torch.device, call: Callable):
     with torch.cuda.device(device):
+        # vLLM's NCCL producer packs on streams of its own, which do not wait for this one's kernels
+        # (an optimizer step, a LoRA merge)
+        torch.cuda.current_stream().synchronize()
         return call()
 
 
