@@ -46,7 +46,7 @@ SERVER_START_S = 600  # a loaded 2-core machine; about 40 s on an idle one
 def server(tmp_path_factory):
     """A vLLM server on the tiny model, started as the README says (its own session: it is the user's),
     stopped with its whole process group at the end: its URL, model dir and process."""
-    here = tmp_path_factory.mktemp("server")
+    here, shm = tmp_path_factory.mktemp("server"), _shm()
     model = write_tiny_model(here / "tiny")
     port = free_port()
     url, log = f"http://127.0.0.1:{port}", here / "server.log"
@@ -63,6 +63,11 @@ def server(tmp_path_factory):
         yield url, model, proc
     finally:
         _stop(proc, str(here))
+        # the last test SIGKILLs the server, whose vLLM leaves its shared-memory queues (psm_*, Python's
+        # SharedMemory) behind: a user's server's own, not rltrain's; removed so that reruns do not pile them up
+        for name in _shm() - shm:
+            if name.startswith("psm_"):
+                os.unlink(os.path.join("/dev/shm", name))
 
 
 def _stop(proc, tag: str) -> None:
