@@ -4,7 +4,9 @@ rltrain spawns one process that runs vLLM's ``LLM`` inside it (``VLLM_ENABLE_V1_
 no process of vLLM's own) on the run's model, and holds the ``sync=vllm`` receiver there. Requests
 come one at a time over a pipe, and before each generation the receiver loads the newest pushed
 weights into vLLM's model: a generation never sees two versions, and each completion carries the
-version it was generated with.
+version it was generated with. With ``sync.transport`` other than ``shared_mem`` the learner pushes
+instead, through vLLM's weight-transfer calls, which the engine makes in its turn, between batches
+(``EngineClient``).
 
 Every wait of the learner on the engine is bounded (``collector.timeout_s``) and watches the
 process: an engine that raises comes back as a CollectorError with its traceback, one that dies as
@@ -13,9 +15,10 @@ a CollectorError naming it, its pid, its exit signal and what it was doing.
 Messages, learner -> engine: ``("generate", reserved, prompt_ids, group_size, sampling, seed)`` (``reserved``:
 the weights version the learner pinned for it, ``_VLLMReceiver.reserve``),
 ``("probe", ids)`` (the log-probs of a token sequence under the weights it holds), ``("sync",)``
-(load the newest weights now), ``("close",)``. Engine -> learner: ``("ready", version)``,
-``("doing", what)`` (for error messages), ``("generated", rows, version, seconds)``, ``("probed", logprobs,
-version)``, ``("synced", version)``, ``("error", what, traceback_text)``.
+(load the newest weights now), ``("transfer", method, arg)`` (one of vLLM's weight-transfer calls),
+``("close",)``. Engine -> learner: ``("ready", version)``, ``("doing", what)`` (for error messages),
+``("generated", rows, version, seconds)``, ``("probed", logprobs, version)``, ``("synced", version)``,
+``("transferred", version)``, ``("error", what, traceback_text)``.
 """
 
 from __future__ import annotations
