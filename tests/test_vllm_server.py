@@ -64,9 +64,10 @@ def server(tmp_path_factory):
     finally:
         _stop(proc, str(here))
         # the last test SIGKILLs the server, whose vLLM leaves its shared-memory queues (psm_*, Python's
-        # SharedMemory) behind: a user's server's own, not rltrain's; removed so that reruns do not pile them up
+        # SharedMemory) and a multiprocessing semaphore (sem.mp-*) behind: a user's server's own, not
+        # rltrain's; removed so that reruns do not pile them up
         for name in _shm() - shm:
-            if name.startswith("psm_"):
+            if name.startswith(("psm_", "sem.mp-")):
                 os.unlink(os.path.join("/dev/shm", name))
 
 
