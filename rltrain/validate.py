@@ -394,7 +394,8 @@ def _check_engine(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
 
 def _check_transport(transport: str, device: torch.device, collector: dict) -> None:
     """``sync.transport`` fits the learner's device and where the engine runs."""
-    if device.type == "cuda" and collector.get("vllm_url") is None:
+    own_gpu_engine = device.type == "cuda" and collector.get("vllm_url") is None  # rltrain's, beside the learner
+    if own_gpu_engine:
         from rltrain.collectors.generation import engine_gpu_index
 
         engine_gpu = engine_gpu_index(device, collector.get("engine_gpu"))
@@ -410,7 +411,7 @@ def _check_transport(transport: str, device: torch.device, collector: dict) -> N
     if transport in ("nccl", "ipc") and device.type != "cuda":
         raise ConfigError(f"sync.transport={transport} moves GPU tensors, and the learner is on {device}: use "
                           "device=cuda, or sync.transport=shared_mem (or gloo) on the CPU")
-    if device.type != "cuda" or collector.get("vllm_url") is not None:
+    if not own_gpu_engine:
         return
     same = engine_gpu == (device.index or 0)
     if transport == "nccl" and same:

@@ -36,6 +36,7 @@ import torch
 from rltrain.errors import CollectorError
 from rltrain.llm.engine import Engine, Generated, Sampling
 from rltrain.llm.vllm_engine import as_generated, encode_prompts, sampling_requests
+from rltrain.sync.vllm import BACKENDS
 
 EXTENSION = "rltrain.llm.vllm_server.WorkerExtension"
 PROTOCOL = 1  # what rltrain_load takes; a server running another rltrain's extension is refused
@@ -60,7 +61,7 @@ def server_command(model_dir: str = "MODEL_DIR", port: int = 8000,
 
 def transfer_config(transport: str) -> str:
     """``--weight-transfer-config``'s value for ``sync.transport`` (vLLM's backend names; rltrain's gloo)."""
-    return json.dumps({"backend": "rltrain_gloo" if transport == "gloo" else transport}, separators=(",", ":"))
+    return json.dumps({"backend": BACKENDS[transport]}, separators=(",", ":"))
 
 
 def _command_line(transport: str = "shared_mem") -> str:
@@ -130,7 +131,7 @@ def check_server(url: str, timeout_s: float = _CHECK_S, transport: str = "shared
         raise ServerError(f"{key}: the server reports log-probs as {info.get('logprobs_mode')}, while GRPO needs "
                           "those of the distribution each token was drawn from; restart it with "
                           "--logprobs-mode processed_logprobs")
-    wanted = None if transport == "shared_mem" else json.loads(transfer_config(transport))["backend"]
+    wanted = BACKENDS.get(transport)  # None for shared_mem: the worker extension loads the slots
     if wanted is not None and info.get("weight_transfer") != wanted:
         raise ServerError(f"{key} with sync.transport={transport}: the server takes no {wanted} weight transfer "
                           f"(its backend: {info.get('weight_transfer')}); restart it with --weight-transfer-config "

@@ -43,10 +43,9 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 from rltrain.process_groups import StoreAddress, gloo_group, seconds
 from rltrain.sync.base import FlatBuffer
-from rltrain.sync.vllm import Aside
+from rltrain.sync.vllm import BACKENDS, Aside
 
-GLOO = "rltrain_gloo"
-BACKENDS = {"gloo": GLOO, "nccl": "nccl", "ipc": "ipc"}  # sync.transport -> vLLM's backend name
+GLOO = BACKENDS["gloo"]
 _groups = itertools.count()
 
 

@@ -37,7 +37,8 @@ from rltrain.rules import OneOf, PositiveNumber
 from rltrain.sync.base import WeightReceiver, WeightSender
 from rltrain.sync.shared_mem import SLOTS, SharedMemSync, _SharedMemReceiver, _SharedMemSender
 
-TRANSPORTS = ("shared_mem", "gloo", "nccl", "ipc")  # sync.transport
+BACKENDS = {"gloo": "rltrain_gloo", "nccl": "nccl", "ipc": "ipc"}  # sync.transport -> vLLM's weight-transfer backend
+TRANSPORTS = ("shared_mem", *BACKENDS)  # sync.transport
 
 
 @torch.no_grad()
@@ -247,8 +248,6 @@ class _TransferReceiver(WeightReceiver):
         return {"transport": self.transport, "_version": self._version, "_sender": None}
 
     def engine_options(self) -> dict:
-        from rltrain.llm.vllm_transfer import BACKENDS
-
         return {"weight_transfer_config": {"backend": BACKENDS[self.transport]}}
 
     def prepare(self) -> None:
