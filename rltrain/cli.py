@@ -35,7 +35,7 @@ from rltrain import lazy_dynamo
 lazy_dynamo.install()
 
 from rltrain import checkpoint, process_groups, stop_signals
-from rltrain.errors import CheckpointError, ConfigError, RunDirError, RunError
+from rltrain.errors import CheckpointError, ConfigError, NonFiniteError, RunDirError, RunError
 from rltrain.factory import RefusedByLearner, build, serve_rank
 from rltrain.help import config_help
 from rltrain.run_dir import abandon_hydra_dir, log_file, record_invocation, unique_dir
@@ -90,18 +90,28 @@ def run(cfg: DictConfig) -> float | None:
             return _stopped(signum, f"stopped at once by {signal.Signals(signum).name}; summary written to "
                                     f"{run_dir / 'summary.json'}")
         except Exception as e:  # noqa: BLE001
-            return _failed(e, f"after {trainer.state.frames:,} frames")
+            # A learner that went NaN/inf was not checkpointed as it failed (its message says what to change).
+            frames = trainer.state.frames
+            kept = "" if isinstance(e, NonFiniteError) else _resume_hint(run_dir, frames, world is not None)
+            return _failed(e, f"after {trainer.state.frames:,} frames", kept)
     logging.getLogger("rltrain").info(result_line(summary))
     if summary["status"] == "interrupted":
         signum = signal.Signals(trainer.state.stop_signal or signal.SIGINT)
-        last = checkpoint.path_for(run_dir, summary["frames"])
-        saved = [p for p in checkpoint.listing(run_dir) if p.name == last.name]
-        command = "the same torchrun command" if world is not None else "python -m rltrain"
-        where = (f"checkpoint {saved[0].name} and summary.json in {run_dir}. Continue with: {command} "
-                 f"resume={run_dir} (plus the same overrides)") if saved else (
+        hint = _resume_hint(run_dir, summary["frames"], world is not None)
+        where = (f"{hint} and summary.json" if hint else
                  f"summary.json in {run_dir}; no checkpoint (hooks.checkpoint is off), so it cannot be resumed")
         return _exit(128 + signum, f"stopped by {signum.name}; {where}")
     return summary[cfg.get("objective", "eval_return")]
+
+
+def _resume_hint(run_dir: Path, frames: int, torchrun: bool) -> str:
+    """How to continue the run from its checkpoint at ``frames``, if it wrote one; else ""."""
+    last = checkpoint.path_for(run_dir, frames)
+    if not any(p.name == last.name for p in checkpoint.listing(run_dir)):
+        return ""
+    command = "the same torchrun command" if torchrun else "python -m rltrain"
+    return (f"checkpoint {last.name} in {run_dir}. Continue with: {command} resume={run_dir} "
+            "(plus the same overrides)")
 
 
 def _collect_on_rank(cfg: DictConfig, world: process_groups.World) -> None:
@@ -142,8 +152,9 @@ def _refuse(e: Exception) -> None:
     return _exit(EXIT_REFUSED, f"{next(v for k, v in what.items() if isinstance(e, k))}: {e}", e)
 
 
-def _failed(e: Exception, when: str) -> None:
-    """One paragraph on the terminal: what failed and the fix; the full traceback goes to cli.log."""
+def _failed(e: Exception, when: str, resume_hint: str = "") -> None:
+    """One paragraph on the terminal: what failed and the fix (and how to continue, where the run was
+    checkpointed as it failed); the full traceback goes to cli.log."""
     details = e.details if isinstance(e, RunError) else None
     text = "".join(traceback.format_exception(e)) + (f"\n{details}" if details else "")
     logs = _write_to_log_files(f"the run failed {when}:\n{text}")
@@ -152,7 +163,8 @@ def _failed(e: Exception, when: str) -> None:
             print(details, file=sys.stderr)
         raise e
     where = f"The full traceback is in {logs[0]}" if logs else "No log file holds the traceback"
-    return _exit(EXIT_FAILED, f"the run failed {when}: {type(e).__name__}: {e}\n"
+    kept = f"\nThe learner was kept: {resume_hint}, once the cause is fixed." if resume_hint else ""
+    return _exit(EXIT_FAILED, f"the run failed {when}: {type(e).__name__}: {e}{kept}\n"
                               f"{where} (HYDRA_FULL_ERROR=1 prints it here).", e)
 
 

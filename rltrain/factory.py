@@ -53,7 +53,7 @@ _SETUP = "setup"  # rank 0 -> collector ranks: the run dir, weights version and 
 ENV_TO_ALGO = ("sign_reward", "normalize_reward", "clip_reward")
 # A language task's reward functions (env.rewards: name -> {_target_: function, ...its arguments}) and their
 # weights, which build() turns into one Rewards for the collector and the hooks:
-TASK_REWARDS = ("rewards", "reward_weights")
+TASK_REWARDS = ("rewards", "reward_weights", "reward_timeout_s")
 # Keys of a node that build() consumes itself rather than passing to the node's _target_:
 WIRING_KEYS = {"algo": {"network"}, "env": {*ENV_TO_ALGO, *TASK_REWARDS}}
 # The runtime objects build() passes to each group's constructors (by name, to those that ask for
@@ -316,7 +316,7 @@ def task_rewards(cfg: DictConfig) -> Rewards:
         functions = {name: _plain_partial(node) if isinstance(node, DictConfig) else node
                      for name, node in nodes.items()}
     weights = OmegaConf.to_container(cfg.env.reward_weights) if cfg.env.get("reward_weights") else {}
-    return Rewards(functions, weights)
+    return Rewards(functions, weights, timeout_s=cfg.env.get("reward_timeout_s", Rewards.TIMEOUT_S))
 
 
 def _plain_partial(node: DictConfig, **kwargs) -> functools.partial:

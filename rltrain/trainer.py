@@ -3,7 +3,9 @@
 Events, in order: ``start``; per batch ``batch`` then (after the update) ``update`` for each hook
 whose schedule is due; then ``end`` once the run finished normally, or ``interrupt`` when SIGINT
 or SIGTERM asked it to stop (the step under way is finished first; a second Ctrl-C stops at
-once). Every hook is ``close``d in all cases, after ``summary.json`` is written (also on error).
+once). A run that fails outside the learner (a collector, an engine, a reward, an evaluation, a
+weight push) fires ``failure`` first, so that what the learner has is kept (a checkpoint, the
+model). Every hook is ``close``d in all cases, after ``summary.json`` is written (also on error).
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Annotated, Any
 from tensordict import TensorDict
 
 from rltrain import stop_signals
-from rltrain.errors import CollectorError, SyncError
+from rltrain.errors import CollectorError, NonFiniteError, SyncError
 from rltrain.hooks.base import Hook
 from rltrain.loggers import Logger
 from rltrain.loggers.files import json_safe
@@ -54,6 +56,7 @@ class Trainer:
         self.max_lag = max_lag  # drop batches with frames more than this many versions old
         self.run_dir_lock = run_dir_lock  # released last, once everything is closed
         self.state = TrainState(Path(run_dir), total_frames, return_window)
+        self._in_update = False  # between a batch being counted and the end of its update
 
     def fit(self) -> dict[str, Any]:
         """Train until ``total_frames`` (or ``stop_at_return``); returns what it writes to summary.json."""
@@ -71,6 +74,8 @@ class Trainer:
                 raise
             except BaseException as e:
                 status = f"failed: {type(e).__name__}: {e}"
+                if self._learner_whole(e):
+                    self._fire_failure(e)
                 raise
             finally:
                 summary = self.summary(status)
@@ -93,6 +98,23 @@ class Trainer:
             log.info("stopped during %s", "the final evaluation" if self._already_finished() else "an evaluation")
         self._fire("interrupt")
         return "interrupted"
+
+    def _learner_whole(self, error: BaseException) -> bool:
+        """Whether the learner has something to keep, whole, after ``error``: it trained, and failed outside
+        an update (a collector, an engine, a reward, an evaluation, a weight push, a hook), not in one, and
+        nothing in it went NaN or infinite (the last checkpoint then stays the last finite state)."""
+        return (isinstance(error, Exception) and not isinstance(error, NonFiniteError) and self.state.frames > 0
+                and not self._in_update and not self.state.progress.mid_update_frames)
+
+    def _fire_failure(self, error: Exception) -> None:
+        """``on_failure`` of every hook (a checkpoint, the model saved): what the learner has is kept
+        before the run ends failed. A hook that fails here is logged; the run's own error goes on."""
+        for name, hook in self.hooks.items():
+            try:
+                with self.state.timer.phase(f"hooks/{name}" if hook.phase == "hooks" else hook.phase):
+                    hook.on_failure(self.state, error)
+            except Exception as e:  # noqa: BLE001
+                log.error("after the failure, hook %s could not keep what it keeps: %s: %s", name, type(e).__name__, e)
 
     def _already_finished(self) -> bool:
         """A resumed run that had already reached its frames or its target return."""
@@ -148,6 +170,7 @@ class Trainer:
                 state.sync.dropped_frames += batch.numel()
                 state.window.add({"sync/dropped_batches": 1})
                 continue
+            self._in_update = True  # the batch is counted: the learner is whole again once it is trained on
             self._account(batch, lag)
             self._fire("batch", batch)
             if not self._update(batch):
@@ -157,8 +180,12 @@ class Trainer:
         """Update on ``batch`` (None: finish the interrupted update), then fire the update hooks.
         False if the run is to stop here: a stop request interrupted the update, or it is solved."""
         state, progress = self.state, self.state.progress
-        with state.timer.phase("update"):
-            metrics = self.algo.update(batch, self._stop_requested)
+        self._in_update = True  # from here to the update's end, a failure leaves the learner half-way
+        try:
+            with state.timer.phase("update"):
+                metrics = self.algo.update(batch, self._stop_requested)
+        except NonFiniteError as e:
+            raise NonFiniteError(f"update {progress.updates + 1} (after {state.frames:,} frames): {e}") from e
         if metrics is None:
             progress.mid_update_frames = batch.numel() if batch is not None else progress.mid_update_frames
             log.info("stopped between two gradient steps; the checkpoint holds the rest of this update")
@@ -168,6 +195,7 @@ class Trainer:
             state.nonfinite.skipped_steps += skipped
             state.window.accumulate({"nonfinite/skipped_steps": skipped})
         progress.updates += 1
+        self._in_update = False
         state.metrics = metrics
         state.window.add(metrics)
         if solved := self._solved():

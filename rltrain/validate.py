@@ -335,8 +335,10 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
         if not callable(_import_target(f"env.rewards.{name}", node._target_)):
             raise ConfigError(f"env.rewards.{name}._target_={node._target_} is not callable; give a function "
                               "(prompt, completion, **row) -> float")
-    task_rewards(cfg)  # the weights name rewards that exist
+    rewards = task_rewards(cfg)  # the weights name rewards that exist; configured arguments the functions take
     task = env_maker(cfg)()  # a dataset's file read: a ConfigError names what is wrong in it
+    for split, rows in task.rows_to_check().items():  # each split's columns, as the reward functions read them
+        rewards.check_rows(rows, task.describe(split))
     _check_prompt_lengths(model, task, parts["collector"][1].get("max_new_tokens", 16))
 
 

@@ -1,15 +1,23 @@
 """A user's own algo, collector and hook that declare their rules the way rltrain's parts do
-(rltrain.rules): annotated constructor parameters, and ``check_config`` for combinations."""
+(rltrain.rules): annotated constructor parameters, and ``check_config`` for combinations; and reward
+functions of a language task, some with the faults users meet."""
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from typing import Annotated
+
+import numpy as np
+import torch
 
 from rltrain.algos import PPO
 from rltrain.collectors import LocalCollector
 from rltrain.errors import ConfigError
 from rltrain.hooks import Hook
 from rltrain.hooks.base import EVERY_UPDATE
+from rltrain.llm.rewards import correct_answer
 from rltrain.rules import InRange, NonNegativeNumber, OneOf, PositiveInt
 
 
@@ -52,3 +60,29 @@ class TaggingHook(Hook):
 def reward_that_raises(prompt: str, completion: str, **row) -> float:
     """A user's reward function with a bug (a language task's env.rewards.<name>._target_)."""
     raise KeyError("score")
+
+
+def reward_failing_on_eval(prompt: str, completion: str, answer: str, split: str, **row) -> float:
+    """A reward with a bug that only the eval rows reach (their ``split`` column says eval)."""
+    if split == "eval":
+        raise ValueError("no score for eval rows")
+    return correct_answer(prompt, completion, answer)
+
+
+def reward_that_hangs(prompt: str, completion: str, **row) -> float:
+    """A reward that never returns; a scheduler's SIGTERM reaches the run while it hangs."""
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(3600)
+    return 0.0
+
+
+def reward_of_numpy_and_torch_types(prompt: str, completion: str, answer: str, **row):
+    """correct_answer's value as numpy's and torch's number types and a bool, by the prompt's digit."""
+    right = correct_answer(prompt, completion, answer)
+    kinds = (np.float32(right), np.int64(right), torch.tensor(right), bool(right), np.bool_(right))
+    return kinds[int(prompt.split()[-1][0]) % len(kinds)]
+
+
+def first_row_only(prompt: str, completion: str, id: int, **row) -> float:
+    """1 for the row whose ``id`` column is 0, else 0: the eval's mean says how often each row counted."""
+    return float(id == 0)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rltrain import checkpoint
 from tests.conftest import run_cli
 from tests.test_multiprocess import session_processes, shm_entries
 from tests.test_run_dirs import start_cli, stop, wait_for
@@ -20,15 +21,22 @@ FAULTY = ("env.id=tests.toy_envs:Faulty-v0", "trainer.stop_at_return=null", "hoo
           "hydra.run.dir=run")
 
 
-def assert_failed(returncode: int, stderr: str, when: str, error: str, run_dir: Path) -> dict:
-    """Exit code 1 and one paragraph on the terminal (``rltrain: the run failed <when>: <error>``),
-    the full traceback in cli.log, and summary.json's status saying the same; returns the summary."""
+def assert_failed(returncode: int, stderr: str, when: str, error: str, run_dir: Path, kept: bool = True) -> dict:
+    """Exit code 1 and one paragraph on the terminal (``rltrain: the run failed <when>: <error>``; with
+    ``kept``, the learner's checkpoint as it failed and how to resume it), the full traceback in cli.log,
+    and summary.json's status saying the same; returns the summary."""
     assert returncode == 1, stderr
     lines = stderr.strip().splitlines()
-    assert len(lines) == 2, stderr
+    assert len(lines) == 2 + kept, stderr
     assert re.fullmatch(rf"rltrain: the run failed {when}: {error}", lines[0]), lines[0]
-    assert lines[1] == (f"The full traceback is in {run_dir.resolve() / 'cli.log'} "
-                        "(HYDRA_FULL_ERROR=1 prints it here).")
+    if kept:
+        where = re.escape(str(run_dir.resolve()))
+        assert re.fullmatch(rf"The learner was kept: checkpoint frames_\d+\.pt in {where}\. Continue with: python -m "
+                            rf"rltrain resume={where} \(plus the same overrides\), once the cause is fixed\.",
+                            lines[1]), lines[1]
+        assert checkpoint.listing(run_dir)
+    assert lines[-1] == (f"The full traceback is in {run_dir.resolve() / 'cli.log'} "
+                         "(HYDRA_FULL_ERROR=1 prints it here).")
     assert "Traceback (most recent call last)" in (run_dir / "cli.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert re.fullmatch(f"failed: {error}", summary["status"]), summary["status"]
@@ -101,7 +109,7 @@ def test_an_env_that_fails_to_reset_at_start_up_leaves_a_summary_that_says_why(c
     where = (r"CollectorError: collector worker \d \(pid \d+\) failed while starting: "
              if collector == "lockstep" else "")
     run_dir = tmp_path / "run"
-    summary = assert_failed(result.returncode, result.stderr, "while starting", where + env_error, run_dir)
+    summary = assert_failed(result.returncode, result.stderr, "while starting", where + env_error, run_dir, kept=False)
     assert summary["frames"] == 0
     assert not (run_dir / "run.lock").exists()
     assert not (run_dir / "checkpoints").exists()  # nothing for resume=auto to pick up

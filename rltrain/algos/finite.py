@@ -92,3 +92,12 @@ def _steps_taken(optimizer: torch.optim.Optimizer) -> int:
     """The optimizer's step count (of its first parameter; 0 before its first step)."""
     step = optimizer.state.get(optimizer.param_groups[0]["params"][0], {}).get("step")
     return 0 if step is None else int(step)
+
+
+def nonfinite_weights(module: torch.nn.Module) -> list[str]:
+    """The names of ``module``'s parameters that hold a NaN or an infinity (one host sync for all)."""
+    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    if not named:
+        return []
+    finite = torch.stack([torch.isfinite(p).all() for _, p in named]).tolist()
+    return [name for (name, _), ok in zip(named, finite) if not ok]

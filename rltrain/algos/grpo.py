@@ -21,6 +21,8 @@ from typing import Annotated
 import torch
 from tensordict import TensorDict
 
+from rltrain.algos import optimizers
+from rltrain.algos.finite import NonFinite, NonFiniteGuard, nonfinite_weights
 from rltrain.algos.grpo_loss import (
     AGGREGATIONS,
     Normalizer,
@@ -31,7 +33,7 @@ from rltrain.algos.grpo_loss import (
     tis_weights,
     token_losses,
 )
-from rltrain.errors import ConfigError
+from rltrain.errors import ConfigError, NonFiniteError
 from rltrain.llm.prompt_cache import cache_name, positions, prompt_pass, whole_groups
 from rltrain.rules import (
     Flag,
@@ -133,6 +135,7 @@ class GRPO:
         mask_truncated: Flag = False,  # completions cut at max_new_tokens teach nothing (DAPO's overlong filter)
         kl_coef: NonNegativeNumber = 0.0,  # weight of the k3 KL to a frozen copy of the initial model; 0 keeps none
         max_grad_norm: PositiveNumber = 1.0,  # global gradient-norm clip
+        nonfinite: NonFinite = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
     ):
         self.policy, self.device, self.total_frames = policy, torch.device(device), total_frames
         self.lr, self.lr_schedule, self.warmup = lr, lr_schedule, warmup
@@ -148,7 +151,10 @@ class GRPO:
         self.reference = (copy.deepcopy(policy).eval().requires_grad_(False)
                           if kl_coef and self._adapters_off is None else None)
         self._params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
-        self.optimizer = torch.optim.AdamW(self._params, lr=lr, weight_decay=weight_decay)
+        # Fused: it skips a step the guard flags, and it computes in float32 whatever the weights' dtype (the
+        # unfused AdamW turns float16 weights into NaN at the first step: its eps underflows to 0).
+        self.optimizer = torch.optim.AdamW(self._params, lr=lr, weight_decay=weight_decay, fused=True)
+        self.guard = NonFiniteGuard({"grpo": self.optimizer}, nonfinite, self.device)
         self.frames = 0  # completions trained on: the schedule's position
 
     def update(self, batch: TensorDict, should_stop: Callable[[], bool] = lambda: False) -> dict[str, float]:
@@ -158,6 +164,11 @@ class GRPO:
         self._set_lr()
         self.frames += batch.numel()
         flat = batch.reshape(-1).to(self.device)
+        if not bool(torch.isfinite(flat["log_prob"]).all()):
+            raise NonFiniteError(f"the engine's log-probs of this batch (weights version "
+                                 f"{int(flat['policy_version'].min())}) hold NaN or infinity: its forward pass "
+                                 "overflowed (model.dtype=float16 on a CPU does; use float32) or its weights are "
+                                 "not finite; lower algo.lr if the weights grew")
         rewards = flat["reward"]
         advantages, flat_groups = group_advantages(rewards, group_size, scale=self.scale_rewards)
         mask = flat["completion_mask"].float()
@@ -172,6 +183,7 @@ class GRPO:
         sums = {"loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio_max": 0.0}
         for epoch in range(self.epochs):
             self.optimizer.zero_grad(set_to_none=True)
+            epoch_loss = torch.zeros((), device=self.device)
             for start in range(0, flat.shape[0], self.micro_batch_size):
                 rows = slice(start, start + self.micro_batch_size)
                 part, kept = flat[rows], mask[rows]
@@ -185,6 +197,7 @@ class GRPO:
                                       None if ref is None else ref[rows], self.kl_coef, weight)
                 loss = aggregate(losses, kept, self.aggregation, norm)
                 loss.backward()
+                epoch_loss += loss.detach()
                 with torch.no_grad():
                     ratio = torch.exp(logp - old_logp)
                     clipped = ((ratio < 1 - self.clip_low) | (ratio > 1 + self.clip_high)).float()
@@ -194,9 +207,18 @@ class GRPO:
                     sums["ratio_max"] = max(sums["ratio_max"], (ratio * kept).max().item())
                     if ref is not None:
                         sums["kl"] += (kl_k3(logp, ref[rows]) * kept).sum().item() / norm.tokens
-            sums["grad_norm"] += float(torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm))
+            grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
+            self.guard.check("grpo", epoch_loss, grad_norm=grad_norm)  # a NaN/inf one: the step is skipped
+            sums["grad_norm"] += float(grad_norm)
             self.optimizer.step()
         self.policy.eval()
+        skipped = self.guard.report()  # raises for skipped steps, unless nonfinite=skip
+        if bad := nonfinite_weights(self.policy):  # finite loss and gradients, yet a step made them NaN/inf
+            raise NonFiniteError(f"the optimizer step made {len(bad)} weight tensor(s) NaN or infinite ({bad[0]}"
+                                 f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}), with a finite loss "
+                                 f"and gradients; nothing with them is checkpointed. Weights of dtype "
+                                 f"{self._params[0].dtype} may be too narrow for this step: use model.dtype=float32 "
+                                 "for full fine-tuning (bfloat16 suits LoRA), or a lower algo.lr")
         seconds = time.perf_counter() - started
         metrics = {f"grpo/{k}": v / (1 if k == "ratio_max" else self.epochs) for k, v in sums.items()
                    if k != "kl" or ref is not None}
@@ -206,6 +228,8 @@ class GRPO:
         metrics.update(batch_metrics(batch))
         metrics.update({"grpo/flat_groups": float(flat_groups), "grpo/lr": self.optimizer.param_groups[0]["lr"],
                         "perf/trained_tokens_per_s": self.epochs * float(flat["completion_mask"].sum()) / seconds})
+        if skipped:
+            metrics["nonfinite/skipped_steps"] = skipped
         return metrics
 
     def _group_rows(self, group_size: int) -> int:
@@ -235,14 +259,17 @@ class GRPO:
         return torch.cat(parts)
 
     def state_dict(self, replay_buffer: bool = True) -> dict:
-        """The weights, the optimizer, the schedule's position and the frozen reference (if any)."""
+        """The weights, the optimizer, the schedule's position, the frozen reference (if any) and the
+        count of skipped steps."""
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "frames": self.frames,
-                "reference": self.reference.state_dict() if self.reference is not None else None}
+                "reference": self.reference.state_dict() if self.reference is not None else None,
+                "nonfinite": self.guard.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        optimizers.load_adam(self.optimizer, state["optimizer"])  # stays fused, as the guard needs
         self.frames = state["frames"]
+        self.guard.load_state_dict(state.get("nonfinite"))  # None in a checkpoint written before the guard
         if self.reference is not None and state["reference"] is not None:
             self.reference.load_state_dict(state["reference"])
 

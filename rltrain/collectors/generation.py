@@ -18,6 +18,7 @@ corrects for that), and the trainer drops a batch more than ``max_lag`` versions
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Annotated
@@ -34,6 +35,7 @@ from rltrain.protocols import Collector
 from rltrain.rules import Flag, Integer, OneOf, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
 from rltrain.sync.base import WeightReceiver
 
+log = logging.getLogger("rltrain")
 STOP = Satisfies(lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v),
                  "a list of non-empty strings")
 ENGINES = ("transformers", "vllm")
@@ -134,10 +136,19 @@ class GenerationCollector(Collector):
 
     def _finish(self) -> TensorDict:
         rows, started = self._pending
-        generated = self.engine.collect()
-        self._pending = None
-        seconds = self.engine.generate_s or time.perf_counter() - started  # not the learner's update meanwhile
-        return score(generated, rows, self.group_size, self.rewards, seconds)
+        try:
+            generated = self.engine.collect()
+            seconds = self.engine.generate_s or time.perf_counter() - started  # not the learner's update meanwhile
+            batch = score(generated, rows, self.group_size, self.rewards, seconds)
+        except Exception:
+            # The engine or a reward failed: the batch is given back to the task, so a checkpoint (the run's,
+            # as it fails) resumes with these prompts and this seed, and nothing is skipped.
+            self.task.position -= len(rows)
+            self.batches -= 1
+            raise
+        finally:
+            self._pending = None
+        return batch
 
     def state_dict(self) -> dict:
         """Where the task is (its next prompt), and the seed and count of the batches drawn (batch n
@@ -145,7 +156,11 @@ class GenerationCollector(Collector):
         asked for ahead (``max_lag``) is finished and saved too: a resumed run returns it first, as
         it was generated (one push behind), as the uninterrupted run does."""
         if self._pending is not None:
-            self._ready = self._finish()
+            try:
+                self._ready = self._finish()
+            except Exception as e:  # noqa: BLE001  (the engine failed: the run is failing, and says why)
+                log.warning("the batch generated ahead is lost (%s: %s); a resumed run generates it again",
+                            type(e).__name__, e)
         state = {"task": self.task.state_dict(), "seed": self.seed, "batches": self.batches}
         return state if self._ready is None else {**state, "ready": self._ready}
 

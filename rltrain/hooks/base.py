@@ -106,6 +106,10 @@ class Hook:
         """Once, after the last update of a run stopped by SIGINT or SIGTERM (instead of ``on_end``;
         after it, for a hook before the evaluation when the stop ends the final evaluation)."""
 
+    def on_failure(self, state: TrainState, error: Exception) -> None:
+        """Once, when the run fails outside the learner (a collector, an engine, a reward, an evaluation,
+        a weight push, another hook), its state whole: a hook that keeps the learner's work keeps it now."""
+
     def close(self, state: TrainState, summary: dict[str, Any]) -> None:
         """Always, after summary.json is written (also after Ctrl-C or an error): release resources."""
 

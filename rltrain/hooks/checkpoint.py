@@ -57,10 +57,21 @@ class CheckpointHook(Hook):
     def on_interrupt(self, state: TrainState) -> None:
         self.save(state)
 
-    def save(self, state: TrainState) -> Path:
+    def on_failure(self, state: TrainState, error: Exception) -> None:
+        """The run failed outside the learner: keep what it has. A collector whose state cannot be had
+        (a worker died with its envs) is left out, and a resumed run's envs start fresh episodes."""
+        try:
+            self.save(state)
+        except Exception as e:  # noqa: BLE001
+            log.warning("the checkpoint leaves out the collector's envs (%s: %s): a resumed run starts them on "
+                        "fresh episodes", type(e).__name__, e)
+            self.save(state, with_collector=False)
+
+    def save(self, state: TrainState, with_collector: bool = True) -> Path:
         t0 = time.perf_counter()
         path = checkpoint.path_for(self.run_dir, state.frames)
-        checkpoint.save(path, checkpoint.capture(state, self.hooks, self.algo, self.collector, self.sender,
+        collector = self.collector if with_collector else None
+        checkpoint.save(path, checkpoint.capture(state, self.hooks, self.algo, collector, self.sender,
                                                  self.loggers, self.config, replay_buffer=self.replay_buffer))
         checkpoint.prune(self.run_dir, self.keep_last)
         log.info("checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6, time.perf_counter() - t0)

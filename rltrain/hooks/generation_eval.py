@@ -3,6 +3,7 @@ run's reward functions, with the learner's current weights."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 
 from rltrain.collectors.generation import complete
@@ -15,12 +16,15 @@ from rltrain.llm.tasks import Task
 from rltrain.rules import Flag, PositiveInt
 from rltrain.state import TrainState
 
+log = logging.getLogger("rltrain")
+
 
 class GenerationEvalHook(Evaluation):
     """Completes ``prompts`` eval prompts greedily (the most likely token each step), ``batch_size`` at a
     time, on its schedule (``every``; null: never) and at the end of the run (``at_end``).
 
-    Every evaluation uses the same prompts (the first of the eval split). Logs ``eval/return`` (the
+    Every evaluation uses the same prompts (the first of the eval split; every row of a smaller one, each
+    once). Logs ``eval/return`` (the
     mean total reward; summary.json's ``eval_return``), ``eval/reward/<name>`` (each function's
     mean: ``correct`` is the accuracy), ``eval/completion_length`` and ``eval/truncated``.
     """
@@ -40,7 +44,11 @@ class GenerationEvalHook(Evaluation):
     ):
         super().__init__(every, at_end)
         self.policy, self.task, self.model, self.rewards = policy, make_env().eval_split(), model, rewards
-        self.prompts, self.batch_size = prompts, batch_size
+        size = self.task.split_size()
+        if size is not None and size < prompts:  # a row counted twice would weigh twice in the mean
+            log.info("hooks.eval.prompts=%d, but %s holds %d rows: each is scored once", prompts,
+                     self.task.describe("eval"), size)
+        self.prompts, self.batch_size = prompts if size is None else min(prompts, size), batch_size
         self.sampling = Sampling(max_new_tokens=max_new_tokens, stop=tuple(stop or ()), greedy=True)
         self._engine: TransformersEngine | None = None
 

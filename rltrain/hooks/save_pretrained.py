@@ -30,6 +30,11 @@ class SavePretrainedHook(Hook):
         super().__init__(every, at_end)
         self.policy, self.model, self.path = policy, model, Path(run_dir) / dirname
 
+    def on_failure(self, state: TrainState, error: Exception) -> None:
+        """The run failed outside the learner: the model as trained so far, where the end would write it."""
+        if self.at_end:
+            self.on_update(state)
+
     def on_update(self, state: TrainState) -> None:
         tokenizer = self.model.tokenizer()
         _write_whole(self.path, lambda d: (LanguageModel.merged(self.policy).save_pretrained(d),

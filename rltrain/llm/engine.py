@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from tensordict import TensorDict
 
+from rltrain.errors import NonFiniteError
 from rltrain.llm.model import base_model
 from rltrain.llm.prompt_cache import cache_name, prompt_pass
 from rltrain.rules import Flag, PositiveFraction, PositiveInt, PositiveNumber
@@ -117,12 +118,19 @@ class TransformersEngine(Engine):
         with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []):
             if seed is not None:  # this draw's own seed; the caller's random state stays as it was
                 torch.manual_seed(seed)
-            out = self._generate(prompt_ids, prompt_mask, sampling, group_size)
+            try:
+                out = self._generate(prompt_ids, prompt_mask, sampling, group_size)
+            except RuntimeError as e:
+                if "probability tensor contains" not in str(e):
+                    raise
+                raise self._nonfinite() from None  # torch's sampler met NaN/inf probabilities
         ids = out.sequences[:, prompt_ids.shape[1]:]
         # Each token's log-prob under the policy: the model's distribution at the sampling temperature, as the
         # learner computes it (top_p narrows what is drawn, not the policy whose ratios the learner takes).
         temperature = 1.0 if sampling.greedy else sampling.temperature
         logits = torch.stack(out.logits, dim=1).float() / temperature  # [B, T, V]
+        if not torch.isfinite(logits).all():  # greedy decoding takes a NaN row's first token without a word
+            raise self._nonfinite()
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
         lengths = [self._length(row, sampling.stop) for row in ids.tolist()]
         steps = torch.arange(ids.shape[1], device=ids.device)
@@ -132,6 +140,14 @@ class TransformersEngine(Engine):
         return Generated(prompt_ids, prompt_mask, ids.masked_fill(mask == 0, tok.pad_token_id), mask,
                          logprobs.masked_fill(mask == 0, 0.0),
                          torch.tensor([cut for _, cut in lengths], device=ids.device), texts, self.version)
+
+    def _nonfinite(self) -> NonFiniteError:
+        dtype = next(self.model.parameters()).dtype
+        return NonFiniteError(f"the model computed NaN or infinite logits while generating with weights version "
+                              f"{self.version} (its weights are finite: the learner checks them after every update, "
+                              f"but their values overflow a {dtype} forward pass). model.dtype=float32 trains "
+                              "reliably on a CPU; float16's range overflows there, and full fine-tuning in it lets "
+                              "Adam's steps grow the weights; otherwise lower algo.lr")
 
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: Sampling, group_size: int):
         """transformers' generation (KV cache) with the raw logits of every step. Each group's prompt but

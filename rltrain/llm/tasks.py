@@ -61,10 +61,23 @@ class Task:
     def spec(self) -> TaskSpec:
         return TaskSpec(type(self).__name__)
 
+    def rows_to_check(self) -> dict[str, list[dict]]:
+        """Rows that stand for every row of each split (the config check measures their prompts against
+        the model's context and their columns against the reward functions): the first 256 of an
+        endless split; a dataset's every row."""
+        return {split: self._twin(split).take(256) for split in SPLITS}
+
     def prompts_to_check(self) -> list[str]:
-        """Prompts that stand for every prompt of the task (the config check measures them against
-        the model's context): the first rows of each split; a dataset's every row."""
-        return [row["prompt"] for split in SPLITS for row in self._twin(split).take(256)]
+        """The prompts of ``rows_to_check``, every split's."""
+        return [row["prompt"] for rows in self.rows_to_check().values() for row in rows]
+
+    def describe(self, split: str) -> str:
+        """``split``'s rows, as an error message names them."""
+        return f"the {split} split of env={type(self).__name__}"
+
+    def split_size(self) -> int | None:
+        """How many distinct rows this split holds; None: endless (every row is drawn from a seed of its own)."""
+        return None
 
     def _twin(self, split: str) -> Task:
         twin = copy.copy(self)
@@ -152,9 +165,19 @@ class Dataset(Task):
                                   "give env.eval_path")
             train, evals = [rows[i] for i in order[:cut]], [rows[i] for i in order[cut:]]
         self.rows = {"train": train, "eval": evals}
+        eval_from = (f"env.eval_path={eval_path}" if eval_path is not None else
+                     f"env.path={path}'s {eval_split} split" if eval_split is not None else
+                     f"the last env.eval_share={eval_share} of env.path={path}")
+        self._sources = {"train": f"env.path={path}", "eval": eval_from}
         self._order: tuple[int, list[int]] | None = None  # the train rows' order in the current pass
-    def prompts_to_check(self) -> list[str]:
-        return [row["prompt"] for rows in self.rows.values() for row in rows]
+    def rows_to_check(self) -> dict[str, list[dict]]:
+        return dict(self.rows)
+
+    def describe(self, split: str) -> str:
+        return f"the {split} split ({self._sources[split]})"
+
+    def split_size(self) -> int:
+        return len(self.rows[self.split])
 
     def _row_at(self, index: int) -> dict[str, str]:
         rows = self.rows[self.split]
