@@ -26,12 +26,14 @@ written (``check_finite``).
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
 import pickle
 import random
 import re
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -40,7 +42,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rltrain.errors import CheckpointError, CollectorError, NonFiniteError
+from rltrain.errors import CheckpointError, CollectorError, NonFiniteError, RunError
 from rltrain.sync.base import named_weights
 
 if TYPE_CHECKING:
@@ -192,7 +194,9 @@ def path_for(run_dir: Path, frames: int) -> Path:
 
 
 def save(path: Path, checkpoint: dict[str, Any]) -> None:
-    """Write atomically: to ``<name>.tmp`` first, synced to disk, then renamed over ``path``."""
+    """Write atomically: to ``<name>.tmp`` first, synced to disk, then renamed over ``path``. A full disk
+    is a RunError that says so (torch's own words are "unexpected pos N vs M"), with the space left and
+    the previous checkpoint, which the failed write leaves intact."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     try:
@@ -201,14 +205,34 @@ def save(path: Path, checkpoint: dict[str, Any]) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        raise
+        full = _disk_full(e) if isinstance(e, Exception) else None
+        if full is None:
+            raise
+        free = shutil.disk_usage(path.parent).free
+        kept = listing(path.parent.parent)  # the failed write replaced none of them
+        previous = (f"the previous checkpoint {kept[-1].name} is intact (resume={path.parent.parent} continues from "
+                    "it)" if kept else "no earlier checkpoint of this run was written")
+        raise RunError(f"{os.strerror(full.errno).lower()} for checkpoint {path}: {free / 1e6:,.1f} MB free on "
+                       f"its filesystem, and the checkpoint needs more; {previous}. Free some space there") from e
     dir_fd = os.open(path.parent, os.O_RDONLY)
     try:
         os.fsync(dir_fd)  # the rename itself survives a power cut
     finally:
         os.close(dir_fd)
+
+
+def _disk_full(e: BaseException | None) -> OSError | None:
+    """The OSError "no space left on device" (or over quota) behind ``e``: itself, or the error torch's
+    writer met and replaced with its own."""
+    chain: list[BaseException] = []
+    while e is not None and e not in chain:
+        if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+            return e
+        chain.append(e)
+        e = e.__cause__ or e.__context__
+    return None
 
 
 def write_config(run_dir: Path, config: dict) -> None:
@@ -246,6 +270,11 @@ def find(resume: str | None, config: dict, runs_root: Path) -> Path | None:
                               "a checkpoint file, or resume=auto")
     run_dir = path.parent if path.name == DIRNAME else path
     found = listing(run_dir)
+    if not found and (run_dir / DIRNAME / CONFIG_FILE).is_file():
+        raise CheckpointError(f"resume={resume}: {run_dir} stopped before its first checkpoint ({run_dir / DIRNAME} "
+                              f"holds no frames_*.pt, only the {CONFIG_FILE} a run writes as it starts), so there is "
+                              "nothing to resume: start it again without resume=. hooks.checkpoint.every sets how "
+                              "often checkpoints are written (e.g. hooks.checkpoint.every.seconds=60)")
     if not found:
         raise CheckpointError(f"resume={resume}: {run_dir} holds no checkpoints (looked for "
                               f"{run_dir / DIRNAME}/frames_*.pt); was hooks.checkpoint disabled in that run?")

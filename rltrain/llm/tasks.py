@@ -195,15 +195,23 @@ def _read_rows(path: str, prompt_key: str, subset: str | None = None, split: str
     or no rows at all."""
     file = Path(path).expanduser()
     if file.suffix in FILE_SUFFIXES and not file.is_file():
-        raise ConfigError(f"env.path={path}: no such file; give a .jsonl or .parquet file of rows with a "
+        raise ConfigError(f"env.path={path}: no such file; give a .jsonl, .json or .parquet file of rows with a "
                           f"{prompt_key!r} column (or a Hugging Face dataset's name)")
     raw = _file_rows(file, path) if file.is_file() else _dataset_rows(path, subset, split)
     rows = []
     for n, row in enumerate(raw, 1):
-        if not isinstance(row, dict) or not isinstance(row.get(prompt_key), str):
-            raise ConfigError(f"env.path={path}, row {n}: no {prompt_key!r} text (its keys: "
-                              f"{', '.join(row) if isinstance(row, dict) else type(row).__name__}); set "
+        if not isinstance(row, dict):
+            raise ConfigError(f"env.path={path}, row {n} is a JSON {_JSON_TYPES.get(type(row), type(row).__name__)}, "
+                              f"not an object of columns: a file holds one JSON object per line (JSON Lines) or one "
+                              f"JSON array of objects, each with a {prompt_key!r} column")
+        if prompt_key not in row:
+            raise ConfigError(f"env.path={path}, row {n}: no {prompt_key!r} text (its keys: {', '.join(row)}); set "
                               "env.prompt_key to the prompt's column")
+        if not isinstance(row[prompt_key], str):
+            value, kind = row[prompt_key], type(row[prompt_key]).__name__
+            what = "null" if value is None else f"{'an' if kind[0] in 'aeiou' else 'a'} {kind} ({value!r:.40})"
+            raise ConfigError(f"env.path={path}, row {n}: the {prompt_key!r} column is {what}, not text; write each "
+                              f"prompt as a string (e.g. {json.dumps(str(value))})")
         rows.append({**{k: v for k, v in row.items() if k != prompt_key}, "prompt": row[prompt_key]})
     if not rows:
         raise ConfigError(f"env.path={path} holds no rows")
@@ -225,8 +233,13 @@ def _dataset_rows(name: str, subset: str | None, split: str) -> list[dict]:
                           f"{subset}, split {split}): {type(e).__name__}: {e}") from None
 
 
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
 def _file_rows(file: Path, path: str) -> list:
-    """The rows of a JSON Lines or Parquet file, as they are written."""
+    """The rows of a JSON Lines, JSON or Parquet file, as they are written: a .jsonl or .json file holds
+    one object per line, or one JSON array of them (``json.dump``'s form, which datasets' json loader
+    reads too)."""
     if file.suffix == ".parquet":
         try:
             import pyarrow.parquet as pq
@@ -234,14 +247,21 @@ def _file_rows(file: Path, path: str) -> list:
             raise ConfigError(f"env.path={path} is a Parquet file, which needs pyarrow: pip install pyarrow") from None
         raw = pq.read_table(file).to_pylist()
     elif file.suffix in FILE_SUFFIXES:
+        text = file.read_text()
+        if text.lstrip().startswith("["):
+            try:
+                return json.loads(text)
+            except ValueError as e:
+                raise ConfigError(f"env.path={path}: starts as a JSON array but is not valid JSON ({e})") from None
         raw = []
-        for n, line in enumerate(file.read_text().splitlines(), 1):
+        for n, line in enumerate(text.splitlines(), 1):
             if not line.strip():
                 continue
             try:
                 raw.append(json.loads(line))
             except ValueError as e:
-                raise ConfigError(f"env.path={path}, line {n}: not a JSON object ({e})") from None
+                raise ConfigError(f"env.path={path}, line {n}: not a JSON object ({e}); a {file.suffix} file holds "
+                                  "one JSON object per line (JSON Lines) or one JSON array of objects") from None
     else:
         raise ConfigError(f"env.path={path}: rltrain reads .jsonl and .parquet files "
                           f"(got {file.suffix or 'no suffix'})")
