@@ -41,7 +41,9 @@ ONE_THREAD = "threads=1"
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """Run ``python -m rltrain ARGS`` in ``cwd`` (where its outputs/ dir lands). A run still going after
     ``timeout`` seconds is killed and the test fails naming the command, with the end of what it printed."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    # The checkout first, then whatever the caller's PYTHONPATH holds (the device machine's packages: .site).
+    paths = [str(ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    full_env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), **(env or {})}
     try:
         return subprocess.run([sys.executable, "-m", "rltrain", *args], cwd=cwd, env=full_env,
                               capture_output=True, text=True, timeout=timeout)

@@ -4,6 +4,7 @@ functions of a language task, some with the faults users meet."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 import time
@@ -69,8 +70,14 @@ def reward_failing_on_eval(prompt: str, completion: str, answer: str, split: str
     return correct_answer(prompt, completion, answer)
 
 
-def reward_that_hangs(prompt: str, completion: str, **row) -> float:
-    """A reward that never returns; a scheduler's SIGTERM reaches the run while it hangs."""
+_HANG_CALLS = itertools.count()
+
+
+def reward_that_hangs(prompt: str, completion: str, after: int = 64, **row) -> float:
+    """A reward that never returns from its call number ``after`` on (once the run has trained a little); a
+    scheduler's SIGTERM reaches the run while it hangs."""
+    if next(_HANG_CALLS) < after:
+        return 0.0
     os.kill(os.getpid(), signal.SIGTERM)
     time.sleep(3600)
     return 0.0

@@ -118,18 +118,13 @@ class TransformersEngine(Engine):
         with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []):
             if seed is not None:  # this draw's own seed; the caller's random state stays as it was
                 torch.manual_seed(seed)
-            try:
-                out = self._generate(prompt_ids, prompt_mask, sampling, group_size)
-            except RuntimeError as e:
-                if "probability tensor contains" not in str(e):
-                    raise
-                raise self._nonfinite() from None  # torch's sampler met NaN/inf probabilities
+            out = self._generate(prompt_ids, prompt_mask, sampling, group_size)
         ids = out.sequences[:, prompt_ids.shape[1]:]
         # Each token's log-prob under the policy: the model's distribution at the sampling temperature, as the
         # learner computes it (top_p narrows what is drawn, not the policy whose ratios the learner takes).
         temperature = 1.0 if sampling.greedy else sampling.temperature
         logits = torch.stack(out.logits, dim=1).float() / temperature  # [B, T, V]
-        if not torch.isfinite(logits).all():  # greedy decoding takes a NaN row's first token without a word
+        if not torch.isfinite(logits).all():  # the sampler drew from cleaned scores (remove_invalid_values), so say it
             raise self._nonfinite()
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
         lengths = [self._length(row, sampling.stop) for row in ids.tolist()]
@@ -145,9 +140,9 @@ class TransformersEngine(Engine):
         dtype = next(self.model.parameters()).dtype
         return NonFiniteError(f"the model computed NaN or infinite logits while generating with weights version "
                               f"{self.version} (its weights are finite: the learner checks them after every update, "
-                              f"but their values overflow a {dtype} forward pass). model.dtype=float32 trains "
-                              "reliably on a CPU; float16's range overflows there, and full fine-tuning in it lets "
-                              "Adam's steps grow the weights; otherwise lower algo.lr")
+                              f"but their values overflow a {dtype} forward pass). float16 is too narrow to train in "
+                              "(Adam's steps grow its weights until a forward pass overflows): use model.dtype=float32 "
+                              "(or bfloat16, for LoRA); with float32 already, lower algo.lr")
 
     def _generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: Sampling, group_size: int):
         """transformers' generation (KV cache) with the raw logits of every step. Each group's prompt but
@@ -170,7 +165,11 @@ class TransformersEngine(Engine):
             return model.generate(input_ids=ids, attention_mask=mask, **drawn, max_new_tokens=sampling.max_new_tokens,
                                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                                   stop_strings=list(sampling.stop) or None, tokenizer=tok if sampling.stop else None,
-                                  output_logits=True, return_dict_in_generate=True)
+                                  output_logits=True, return_dict_in_generate=True,
+                                  # NaN/inf scores cleaned before drawing: torch's sampler would raise on them, and
+                                  # on CUDA assert on the device (which ends the process's CUDA context). The raw
+                                  # logits stay as they were, and generate() names the failure from them.
+                                  remove_invalid_values=True)
         finally:
             base.generation_config = own
 
