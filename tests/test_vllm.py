@@ -243,6 +243,10 @@ def test_a_run_stopped_by_sigterm_stops_its_engine_and_resumes_as_if_never_stopp
     lagged = (*SHORT, *VLLM, "collector.max_lag=1")
     full = run_cli(*lagged, "hydra.run.dir=outputs/full", cwd=tmp_path)
     assert full.returncode == 0, full.stderr
+    # vLLM's lines of an in-place reload (the layers that have no weights to load, the prefix cache reset) are
+    # shown once, not at every push (8 in this run)
+    for source in ("layerwise.py", "block_pool.py"):
+        assert_once_each(full.stdout + full.stderr, source)
     tag = str(tmp_path)
     stopped = run_cli(*lagged, *signal_at(100), "hydra.run.dir=outputs/split", cwd=tmp_path,
                       env={"RLTRAIN_TEST_TAG": tag})
@@ -270,6 +274,14 @@ def test_an_engine_killed_mid_run_fails_the_run_naming_it(tmp_path, transport):
     # mid-generation or mid-push (gloo: most of a step is pushes), the engine is named, not waited for
     assert f"the vLLM engine (pid {engine[0].pid}) died (killed by SIGKILL) while" in err, err[-2000:]
     assert not _left_behind(tag) and _shm() <= shm
+
+
+def assert_once_each(log: str, source: str) -> None:
+    """Each of the lines ``source`` (a vLLM file) logged is in ``log`` once at most, and vLLM's "Failed to load
+    weights" not at all (rltrain says what it means)."""
+    lines = [line.split("] ", 1)[1] for line in log.splitlines() if f"[{source}:" in line]
+    assert lines and len(lines) == len(set(lines)), lines[:6]
+    assert "Failed to load weights" not in log
 
 
 def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None = None) -> str:

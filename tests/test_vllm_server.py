@@ -20,7 +20,16 @@ from rltrain.errors import CollectorError, ConfigError, SyncError
 from rltrain.llm.engine import Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.tiny import write_tiny_model
-from rltrain.llm.vllm_server import ServerError, VLLMServer, call, check_server, server_command
+from rltrain.llm.vllm_server import (
+    ClaimLedger,
+    ServerError,
+    VLLMServer,
+    call,
+    check_server,
+    holder,
+    server_command,
+)
+from rltrain.run_dir import RunDirLock
 from rltrain.sync import VLLMSync
 from rltrain.validate import validate
 from tests.conftest import make_config, run_cli
@@ -35,6 +44,7 @@ from tests.test_vllm import (
     _learner_probe,
     _left_behind,
     _shm,
+    assert_once_each,
     fails_when_killed_mid_run,
     learns_one_push_behind,
 )
@@ -45,7 +55,7 @@ SERVER_START_S = 600  # a loaded 2-core machine; about 40 s on an idle one
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A vLLM server on the tiny model, started as the README says (its own session: it is the user's),
-    stopped with its whole process group at the end: its URL, model dir and process."""
+    stopped with its whole process group at the end: its URL, model dir, process and log."""
     here, shm = tmp_path_factory.mktemp("server"), _shm()
     model = write_tiny_model(here / "tiny")
     port = free_port()
@@ -60,7 +70,7 @@ def server(tmp_path_factory):
             assert proc.poll() is None, f"the vLLM server exited: {log.read_text()[-3000:]}"
             assert time.monotonic() < deadline, f"the vLLM server did not start: {log.read_text()[-3000:]}"
             time.sleep(1.0)
-        yield url, model, proc
+        yield url, model, proc, log
     finally:
         _stop(proc, str(here))
         # the last test SIGKILLs the server, whose vLLM leaves its shared-memory queues (psm_*, Python's
@@ -107,7 +117,7 @@ def _connected(url: str, model_dir, learner=None, transport: str = "shared_mem")
 
 @pytest.mark.parametrize("transport", ["shared_mem", "gloo"])
 def test_pushed_weights_reach_the_user_s_server_checked_where_they_land(server, transport):
-    url, model_dir, _ = server
+    url, model_dir, *_ = server
     shm = _shm()
     model, learner, sender, engine = _connected(url, model_dir, transport=transport)
     tokenizer = model.tokenizer()
@@ -150,7 +160,7 @@ def test_pushed_weights_reach_the_user_s_server_checked_where_they_land(server, 
 
 
 def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, tmp_path):
-    url, model_dir, _ = server
+    url, model_dir, *_ = server
     wider = LanguageModel(str(write_tiny_model(tmp_path / "wider", hidden_size=96))).load()
     with pytest.raises(SyncError, match=r"weights version 0 do not fit the engine's model: vLLM's Qwen2ForCausalLM "
                                         r"cannot load the learner's model\.embed_tokens\.weight \(\d+, 96\)"):
@@ -185,13 +195,13 @@ def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, 
 @pytest.mark.parametrize("transport", ["shared_mem", "gloo"])
 def test_the_single_token_task_learns_through_the_user_s_server_one_push_behind(server, tmp_path, transport):
     # gloo: each push waits for the batch in flight, then pauses the server around vLLM's transfer calls
-    url, _, proc = server
+    url, _, proc, _ = server
     learns_one_push_behind(tmp_path / "run", f"collector.vllm_url={url}", f"sync.transport={transport}")
     assert proc.poll() is None and _healthy(url)  # the user's server goes on after the run
 
 
 def test_a_run_through_the_server_stopped_by_sigterm_resumes_as_if_never_stopped(server, tmp_path):
-    url = server[0]
+    url, *_, log = server
     lagged = (*SHORT, *VLLM, f"collector.vllm_url={url}", "collector.max_lag=1")
     full = run_cli(*lagged, "hydra.run.dir=outputs/full", cwd=tmp_path)
     assert full.returncode == 0, full.stderr
@@ -202,6 +212,75 @@ def test_a_run_through_the_server_stopped_by_sigterm_resumes_as_if_never_stopped
     resumed = run_cli(*lagged, "resume=outputs/split", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stderr
     assert learning_rows(tmp_path / "outputs/split") == learning_rows(tmp_path / "outputs/full")
+    # the server's worker logs vLLM's lines of an in-place reload once, not at every push (these runs pushed 16
+    # times); the rest of a push's lines are the server's own (the README says which)
+    assert_once_each(log.read_text(), "layerwise.py")
+
+
+def _rpc(url: str, method: str, *args: str) -> dict:
+    return call(url, "/collective_rpc", {"method": method, "args": list(args)})["results"][0]
+
+
+def test_a_server_serves_one_run_at_a_time_and_names_the_run_holding_it(server, tmp_path):
+    url, model_dir, *_ = server
+    check = make_config("algo=grpo", *VLLM, f"collector.vllm_url={url}")
+    lock = RunDirLock.acquire(tmp_path / "first")  # as build() holds its run dir
+    model, learner, sender, first = _connected(url, model_dir)
+    try:
+        named = rf"in use by another run \(run dir {re.escape(str(tmp_path / 'first'))}, pid {os.getpid()} on "
+        with pytest.raises(ConfigError, match=named + r".*start a second server for this run on another --port"):
+            validate(check)  # a second run: refused at its config check, before anything starts
+        with pytest.raises(CollectorError, match=named):
+            _connected(url, model_dir)
+        # one started meanwhile (past its check): its claim is refused, and the server loads for the holder alone
+        assert _rpc(url, "rltrain_claim", json.dumps(holder()))["held"]["run_dir"] == str(tmp_path / "first")
+        assert "does not hold the server" in _rpc(url, "rltrain_load", "{}", holder()["token"])["error"]
+        assert first.generate(PROMPTS, 1, GREEDY).version == sender.version  # the holder goes on
+    finally:
+        first.close()
+        sender.close()
+        lock.release()
+    validate(check)  # released when it closed
+    # a holder that dies without releasing it (a SIGKILLed learner) frees it at once
+    learner_process = subprocess.Popen(["sleep", "600"])
+    try:
+        assert _rpc(url, "rltrain_claim", json.dumps(holder(learner_process.pid))) == {"leased": False}
+        with pytest.raises(ConfigError, match=rf"in use by another run \(`sleep 600`, pid {learner_process.pid} on "):
+            validate(check)
+    finally:
+        learner_process.kill()
+        learner_process.wait()
+    validate(check)
+
+
+def test_a_claim_lasts_while_its_holder_lives_here_or_renews_it_from_elsewhere():
+    now = [0.0]
+    ledger = ClaimLedger(clock=lambda: now[0])
+    learner_process = subprocess.Popen(["sleep", "600"])
+    mine = holder()
+    try:
+        assert ledger.claim(holder(learner_process.pid)) is None
+        now[0] += 3600  # a holder the server sees (this machine, this pid namespace) has no lease: it lives
+        in_the_way = ledger.claim(mine)
+        assert in_the_way["pid"] == learner_process.pid and "token" not in in_the_way
+    finally:
+        learner_process.kill()
+        learner_process.wait()
+    assert ledger.claim(mine) is None  # dead: free at once
+    ledger.release(mine["token"])
+    assert ledger.holder() is None
+    assert ledger.claim({**holder(), "started": -1}) is None  # its pid is now another process's (reused): free
+    assert ledger.claim(mine) is None
+    ledger.release(mine["token"])
+    # a holder the server cannot see (another machine or container) keeps it while it renews within its lease
+    elsewhere = {**holder(), "where": "another machine"}
+    assert ledger.claim(elsewhere) is None
+    now[0] += 50
+    assert ledger.claim(elsewhere) is None  # renewed
+    now[0] += 50
+    assert ledger.claim(mine) is not None
+    now[0] += elsewhere["lease_s"]
+    assert ledger.claim(mine) is None  # lapsed
 
 
 @pytest.mark.parametrize(("url", "message"), [
@@ -223,7 +302,7 @@ def test_a_server_url_without_the_vllm_engine_is_refused():
 
 def test_a_server_killed_mid_run_fails_the_run_naming_it(server, tmp_path):
     # last: it kills the module's server
-    url, _, proc = server
+    url, _, proc, _ = server
     shm = _shm()
     err = fails_when_killed_mid_run(tmp_path, lambda run: os.killpg(proc.pid, signal.SIGKILL),
                                     f"collector.vllm_url={url}")

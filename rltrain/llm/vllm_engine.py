@@ -24,6 +24,7 @@ the weights version the learner pinned for it, ``_VLLMReceiver.reserve``),
 from __future__ import annotations
 
 import contextlib
+import logging
 import multiprocessing as mp
 import os
 import signal
@@ -209,6 +210,7 @@ class VLLMModel:
         vLLM's, called after each load (None: the caller resets it, as a server's client does over HTTP)."""
         self.model, self.model_config, self.reset_prefix_cache = model, model_config, reset_prefix_cache
         self.expected = {name for name, _ in self.model.named_parameters()}
+        quiet_reloads()
         self.checkpoint = checkpoint_names(model_config.model, model_config.hf_config)
 
     def load(self, weights: dict[str, torch.Tensor]) -> None:
@@ -257,6 +259,50 @@ class VLLMModel:
     def load_slot(self, slot) -> None:
         """Load a ``sync=vllm`` slot (a FlatBuffer of the served weights)."""
         self.load(slot.views)
+
+
+# The lines vLLM logs at every in-place reload (its loggers and format strings), and what this process shows
+# once instead: the layers without weights of their own in a checkpoint "fail to load" at each push (those
+# that do have weights and are not loaded fail VLLMModel.load), and the prefix cache is reset after each.
+RELOAD_LINES = {
+    "vllm.model_executor.model_loader.reload.layerwise": {
+        "%s: Failed to load weights": "%s: no weights reloaded into it, as expected of a layer with none of its own "
+                                      "in a checkpoint (rotary tables; an output layer tied to the embedding); any "
+                                      "other weight left unloaded fails the load, named. Shown once, not at every push",
+    },
+    "vllm.v1.core.block_pool": {
+        "Successfully reset prefix cache": "Successfully reset prefix cache (rltrain resets it after each weight "
+                                           "update; shown once, not at every push)",
+    },
+}
+
+
+class _OnceInstead(logging.Filter):
+    """Shows each of ``lines``' records once (per message and arguments), as the INFO line given for it."""
+
+    def __init__(self, lines: dict[str, str]):
+        super().__init__()
+        self.lines, self.shown = lines, set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        instead = self.lines.get(record.msg)
+        if instead is None:
+            return True
+        key = (record.msg, record.args)
+        if key in self.shown:
+            return False
+        self.shown.add(key)
+        record.msg, record.levelno, record.levelname = instead, logging.INFO, "INFO"
+        return True
+
+
+def quiet_reloads() -> None:
+    """In a process where vLLM reloads weights in place (rltrain's engine, a server's worker): each of
+    ``RELOAD_LINES`` once, not at every push. Idempotent."""
+    for name, lines in RELOAD_LINES.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _OnceInstead) for f in logger.filters):
+            logger.addFilter(_OnceInstead(lines))
 
 
 def names_unlike(expected: set[str] | None, given: set[str]) -> str:

@@ -17,6 +17,10 @@ between. Only the slot's address crosses HTTP: the worker maps the learner's slo
 ``/proc/<learner pid>/fd/<fd>`` for that one load (checked to be the same file: device and inode), so
 nothing is named in /dev/shm, and the server holds none of a learner's memory between pushes. That is
 why the server must run on the learner's machine, as its user.
+
+A server serves one run's weights at a time: a run claims it (the worker extension keeps the claim)
+before its first load and releases it when it closes, and another run is refused while the claim is
+live, naming the holder (``ServerClaim``, ``ClaimLedger``).
 """
 
 from __future__ import annotations
@@ -24,23 +28,29 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import socket
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
+from datetime import datetime
 
 import torch
 
 from rltrain.errors import CollectorError
 from rltrain.llm.engine import Engine, Generated, Sampling
-from rltrain.llm.vllm_engine import as_generated, encode_prompts, sampling_requests
+from rltrain.llm.vllm_engine import as_generated, encode_prompts, quiet_reloads, sampling_requests
 from rltrain.sync.vllm import BACKENDS
 
 EXTENSION = "rltrain.llm.vllm_server.WorkerExtension"
-PROTOCOL = 1  # what rltrain_load takes; a server running another rltrain's extension is refused
-_CHECK_S = 10.0  # how long the checks before training wait for a server's answer
+PROTOCOL = 2  # the extension's methods and what they take; a server running another rltrain's extension is refused
+_CHECK_S = 10.0  # how long the checks before training (and a claim's release) wait for a server's answer
+_LEASE_S = 60.0  # a holder the server cannot see live (another host or container) keeps it while it renews within this
+_RENEW_S = 10.0  # how often such a holder renews its claim
 _IN_FLIGHT = 64  # requests sent together at most (one per prompt; one per completion when greedy)
 
 
@@ -136,6 +146,8 @@ def check_server(url: str, timeout_s: float = _CHECK_S, transport: str = "shared
         raise ServerError(f"{key} with sync.transport={transport}: the server takes no {wanted} weight transfer "
                           f"(its backend: {info.get('weight_transfer')}); restart it with --weight-transfer-config "
                           f"'{transfer_config(transport)}'")
+    if info.get("holder") is not None:
+        raise ServerError(in_use(url, info["holder"]))
     return {**info, "served_model": models[0]["id"], "max_model_len": models[0].get("max_model_len")}
 
 
@@ -154,11 +166,16 @@ class VLLMServer(Engine):
         if self.info["dtype"] != f"torch.{dtype}":
             raise CollectorError(f"collector.vllm_url={self.url}: the server computes in {self.info['dtype']}, the "
                                  f"learner in {dtype} (model.dtype); restart the server with --dtype {dtype}")
-        self._pool = ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="rltrain-vllm-server")
-        self._pending: tuple | None = None
-        self._doing = "loading the learner's weights"
-        receiver.connect(ServerModel(self))  # the first load: the server's model is checked against the learner's
-        receiver.attach(ServerClient(self), self.info["model"])  # or the first push through vLLM's transfer API
+        self._pool, self._pending = None, None
+        self.claim = ServerClaim(self)  # before anything reaches the server: refused while another run holds it
+        try:
+            self._pool = ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="rltrain-vllm-server")
+            self._doing = "loading the learner's weights"
+            receiver.connect(ServerModel(self))  # the first load: the server's model is checked against the learner's
+            receiver.attach(ServerClient(self), self.info["model"])  # or the first push through vLLM's transfer API
+        except BaseException:
+            self.close()
+            raise
         self.version = receiver.version
 
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
@@ -229,6 +246,7 @@ class VLLMServer(Engine):
     def sync(self) -> int:
         """Have the server load the newest pushed weights now; returns the version it holds."""
         self._idle("sync")
+        self.claim.renew()
         self.receiver.poll()
         self.version = self.receiver.version
         return self.version
@@ -254,12 +272,181 @@ class VLLMServer(Engine):
         return CollectorError(f"the vLLM server at {self.url} failed while {self._doing}: {error}")
 
     def close(self) -> None:
-        """Forget the batch in flight (the server finishes it for nobody). The server is the user's: it goes
-        on running, with the last weights pushed; it holds nothing of the learner's (slots are mapped for
-        one load at a time)."""
+        """Forget the batch in flight (the server finishes it for nobody) and release the server for other
+        runs. The server is the user's: it goes on running, with the last weights pushed; it holds nothing
+        of the learner's (slots are mapped for one load at a time). Safe to call twice."""
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool, self._pending = None, None
+        self.claim.release()
+
+
+class ServerClaim:
+    """This run's hold on its server, which serves one run's weights at a time (two runs would push theirs
+    into one model): taken before anything reaches the server (refused, naming the holder, while another
+    run's claim is live), released when the run closes however it ends. A server that can see this process
+    (the same machine and pid namespace) keeps the claim while the process lives, so a SIGKILLed learner
+    frees it at once; one elsewhere keeps it while this process renews it within its lease (a thread does,
+    and each batch and push checks it still holds it)."""
+
+    def __init__(self, server: VLLMServer):
+        self.server, self.holder = server, holder()
+        self.token, self._json = self.holder["token"], json.dumps(self.holder)
+        self._stop, self.leased = threading.Event(), False
+        answer = server.rpc("rltrain_claim", self._json, doing="claiming the server for this run")[0]
+        if "held" in answer:
+            raise CollectorError(in_use(server.url, answer["held"]))
+        if answer["leased"]:
+            self.leased = True
+            threading.Thread(target=self._keep, name="rltrain-vllm-claim", daemon=True).start()
+
+    def renew(self) -> None:
+        """Raise CollectorError if this run's claim has lapsed and another run holds the server now."""
+        if not self.leased:
+            return  # the server sees this process: the claim lasts while it lives
+        answer = self.server.rpc("rltrain_claim", self._json, doing="renewing this run's claim on the server")[0]
+        if "held" in answer:
+            raise CollectorError(f"this run's claim on the vLLM server at {self.server.url} lapsed (not renewed "
+                                 f"within {_LEASE_S:g} s) and another run holds it now ({describe(answer['held'])})")
+
+    def _keep(self) -> None:
+        body = {"method": "rltrain_claim", "args": [self._json], "timeout": _RENEW_S}
+        while not self._stop.wait(_RENEW_S):
+            try:
+                call(self.server.url, "/collective_rpc", body, timeout=_RENEW_S)
+            except ServerError:
+                pass  # the run's own calls name a server that is gone or stuck; renew() one that another run took
+
+    def release(self) -> None:
+        """Let other runs have the server (best effort: a server that is gone holds no claim)."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        try:
+            call(self.server.url, "/collective_rpc", {"method": "rltrain_release", "args": [self.token]},
+                 timeout=min(self.server.timeout_s, _CHECK_S))
+        except ServerError:
+            pass
+
+
+def holder(pid: int | None = None) -> dict:
+    """Who claims a server: the process ``pid`` of this machine (None: this one), where its pid means it
+    (this boot's pid namespace, where a server that shares it checks that it lives), the run dir it holds,
+    its command, since when; and a token of its own."""
+    pid = os.getpid() if pid is None else pid
+    return {"token": uuid.uuid4().hex, "pid": pid, "started": _started(pid), "where": _pid_space(),
+            "host": socket.gethostname(), "run_dir": _run_dir(pid), "command": _command(pid),
+            "since": datetime.now().isoformat(timespec="seconds"), "lease_s": _LEASE_S}
+
+
+def describe(holder: dict) -> str:
+    """The run a claim names, for a message: its run dir (or command), pid, host and since when."""
+    run = f"run dir {holder['run_dir']}" if holder.get("run_dir") else f"`{holder.get('command')}`"
+    seen = "" if _sees(holder) else (f"; from another machine or container, its claim lapses "
+                                     f"{holder['lease_s']:g} s after it last renewed it")
+    return f"{run}, pid {holder['pid']} on {holder['host']}, since {holder['since']}{seen}"
+
+
+def in_use(url: str, holder: dict) -> str:
+    return (f"collector.vllm_url={url} is in use by another run ({describe(holder)}); a vLLM server serves one "
+            "run's weights at a time (no setting overrides it: two runs would push theirs into one model). Wait "
+            "for that run to end or stop it, or start a second server for this run on another --port")
+
+
+class ClaimLedger:
+    """The worker extension's record of the run that holds its server, if any. A holder this process can
+    see live (``_sees``) holds it while its process lives (a pid reused since is another process: its
+    start time differs); one elsewhere, while it renews its claim within its lease. vLLM runs the
+    extension's RPCs one at a time: a claim is atomic."""
+
+    def __init__(self, clock=time.monotonic):
+        self._clock, self._held, self._renewed = clock, None, 0.0
+
+    def holder(self) -> dict | None:
+        """The live holder (None: the server is free); a dead or lapsed one is forgotten."""
+        held = self._held
+        if held is not None and not (_alive(held) if _sees(held) else
+                                     self._clock() - self._renewed <= held["lease_s"]):
+            self._held = None
+        return self._held
+
+    def claim(self, holder: dict) -> dict | None:
+        """Take the server for ``holder`` (or renew its claim); the live holder in the way, if another."""
+        held = self.holder()
+        if held is not None and held["token"] != holder["token"]:
+            return public(held)
+        self._held, self._renewed = holder, self._clock()
+        return None
+
+    def holds(self, token: str) -> bool:
+        held = self.holder()
+        return held is not None and held["token"] == token
+
+    def release(self, token: str) -> None:
+        if self.holds(token):
+            self._held = None
+
+
+def public(holder: dict | None) -> dict | None:
+    """A holder as others are told of it: without the token that renews and releases its claim."""
+    return None if holder is None else {k: v for k, v in holder.items() if k != "token"}
+
+
+def _sees(holder: dict) -> bool:
+    """Whether this process can tell if ``holder``'s process lives: its pid means the same here."""
+    return holder.get("where") is not None and holder["where"] == _pid_space() and holder.get("started") is not None
+
+
+def _alive(holder: dict) -> bool:
+    return _started(holder["pid"]) == holder["started"]
+
+
+def _pid_space() -> str | None:
+    """This boot's id and this process's pid namespace (None off Linux): where a pid names one process."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f"{f.read().strip()} {os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return None
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot); None if there is none."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _run_dir(pid: int) -> str | None:
+    """The run dir process ``pid`` holds (the lock ``rltrain.run_dir`` keeps open while a run lasts), if one."""
+    from rltrain.run_dir import LOCK_FILE
+
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return None
+    held = set()
+    for fd in fds:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(f"/{LOCK_FILE}"):
+            held.add(os.path.dirname(target))
+    return held.pop() if len(held) == 1 else None
+
+
+def _command(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().decode(errors="replace").split("\0")[:-1]
+    except OSError:
+        argv = sys.argv if pid == os.getpid() else ["?"]
+    argv[0] = os.path.basename(argv[0])
+    command = " ".join(argv)
+    return command if len(command) <= 200 else command[:197] + "..."
 
 
 class ServerModel:
@@ -278,9 +465,9 @@ class ServerModel:
         server.post("/pause?mode=wait", "pausing the server for a weight update (its requests in flight finish "
                                         "first)")
         try:
-            answers = server.rpc("rltrain_load", address, doing="loading pushed weights")
+            answers = server.rpc("rltrain_load", address, server.claim.token, doing="loading pushed weights")
             if refused := next((a for a in answers if "error" in a), None):
-                if refused.get("kind") == "map":
+                if refused.get("kind") in ("map", "claim"):
                     raise CollectorError(f"the vLLM server at {server.url}: {refused['error']}")
                 raise ValueError(refused["error"])
             if not server.post("/reset_prefix_cache", "resetting its prefix cache")["success"]:
@@ -310,6 +497,7 @@ class ServerClient:
                          {"init_info": init_info})
 
     def start_weight_update(self) -> None:
+        self.server.claim.renew()
         self.server.post("/pause?mode=wait", "pausing the server for a weight update")
         self.server.post("/start_weight_update", f"starting the update to weights version {self.version}")
 
@@ -390,16 +578,41 @@ class WorkerExtension:
         config = self.model_runner.model_config
         transfer = getattr(self.vllm_config, "weight_transfer_config", None)
         return {"protocol": PROTOCOL, "model": config.model, "logprobs_mode": str(config.logprobs_mode),
-                "dtype": str(config.dtype), "pid": os.getpid(),
+                "dtype": str(config.dtype), "pid": os.getpid(), "holder": public(self._rltrain_claims().holder()),
                 "weight_transfer": None if transfer is None else transfer.backend}
 
-    def rltrain_load(self, address: str) -> dict:
-        """Load the learner's slot at ``address`` (``slot_address``'s, as JSON) into the model in place; a
-        refusal comes back as ``{"error": ..., "kind": "map" | "weights"}`` (the learner raises it). The
-        slot is mapped for this load only: the server keeps nothing of a learner between pushes, so a
-        learner that dies leaves none of its memory held here."""
+    def rltrain_claim(self, holder: str) -> dict:
+        """Take the server for the run ``holder`` names (``holder()``'s, as JSON), or renew its claim:
+        ``{"leased": ...}`` (whether the claim lapses unless renewed), or ``{"held": ...}``, the other run
+        that holds it."""
+        quiet_reloads()  # the first thing a run asks: vLLM's lines of each reload are shown once from now on
+        holder = json.loads(holder)
+        claims = self._rltrain_claims()
+        if (held := claims.claim(holder)) is not None:
+            return {"held": held}
+        return {"leased": not _sees(holder)}
+
+    def rltrain_release(self, token: str) -> dict:
+        self._rltrain_claims().release(token)
+        return {"released": token}
+
+    def _rltrain_claims(self) -> ClaimLedger:
+        if getattr(self, "_rltrain_ledger", None) is None:
+            self._rltrain_ledger = ClaimLedger()
+        return self._rltrain_ledger
+
+    def rltrain_load(self, address: str, token: str) -> dict:
+        """Load the learner's slot at ``address`` (``slot_address``'s, as JSON) into the model in place, for
+        the run holding the claim ``token``; a refusal comes back as ``{"error": ..., "kind": "map" | "claim" |
+        "weights"}`` (the learner raises it). The slot is mapped for this load only: the server keeps nothing
+        of a learner between pushes, so a learner that dies leaves none of its memory held here."""
         from rltrain.llm.vllm_engine import VLLMModel
 
+        claims = self._rltrain_claims()
+        if not claims.holds(token):
+            held = claims.holder()
+            return {"kind": "claim", "error": "this run does not hold the server any more (restarted since, or its "
+                                              "claim lapsed)" + (f"; {describe(held)} does" if held else "")}
         address = json.loads(address)
         try:
             weights = open_slot(address)
