@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from rltrain import checkpoint
 from rltrain.errors import CollectorError, ConfigError
 from rltrain.factory import build
 from rltrain.llm.engine import Sampling, TransformersEngine
@@ -30,8 +31,8 @@ from tests.test_outputs import read_jsonl
 from tests.test_run_management import learning_rows, signal_at
 
 if importlib.util.find_spec("vllm") is None:
-    if os.environ.get("CI"):  # the dev extras bring it: in CI a missing vLLM is a failure, not a skip
-        raise RuntimeError("vLLM is not installed, but the dev extras install it (pip install -e '.[dev]')")
+    if os.environ.get("CI"):  # the quick start installs it: in CI a missing vLLM is a failure, not a skip
+        raise RuntimeError("vLLM is not installed, but the suite's install has it (pip install -e '.[dev,vllm]')")
     pytest.skip("vLLM is not installed (pip install 'rltrain[vllm]')", allow_module_level=True)
 
 VLLM = ("collector.engine=vllm", "sync=vllm")
@@ -301,7 +302,12 @@ def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None 
     finally:
         run.kill()
     assert run.returncode != 0
-    assert json.loads((tmp_path / "run/summary.json").read_text())["status"].startswith("failed: CollectorError")
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    assert summary["status"].startswith("failed: CollectorError")
+    # The learner was healthy: its checkpoint and model are kept, and the message says how to resume.
+    assert checkpoint.listing(tmp_path / "run")[-1].name == checkpoint.path_for(tmp_path, summary["frames"]).name
+    assert (tmp_path / "run/model/config.json").is_file()
+    assert f"The learner was kept: checkpoint frames_{summary['frames']:012d}.pt" in err, err[-2000:]
     return err
 
 
