@@ -73,11 +73,11 @@ CONFIG_FILE = "config.json"  # the writing run's config, next to its checkpoints
 _NAME = re.compile(r"^frames_(\d+)\.pt$")
 
 
-def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector: Collector | None,
+def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector_state: dict | None,
             sender: WeightSender, loggers: Sequence[Logger], config: dict,
             replay_buffer: bool = True) -> dict[str, Any]:
-    """Everything a run needs to go on as if it had never stopped (the keys listed above); ``collector``
-    None: its state is left out (a resumed run's envs start fresh episodes)."""
+    """Everything a run needs to go on as if it had never stopped (the keys listed above), the collector's
+    state as ``collector.state_dict()`` gave it (None: left out; a resumed run's envs start fresh episodes)."""
     algo_state, published = algo.state_dict(replay_buffer=replay_buffer), sender.published()
     # Weights and optimizer state: the replay buffer holds what the envs returned (checked as it
     # arrives), and an interrupted update may hold the NaN losses of steps algo.nonfinite=skip skipped.
@@ -91,7 +91,7 @@ def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector:
         HOOKS_KEY: {name: hook.state_dict() for name, hook in hooks.items()},
         ALGO_KEY: algo_state,
         PUBLISHED_KEY: published,
-        COLLECTOR_KEY: collector.state_dict() if collector is not None else None,
+        COLLECTOR_KEY: collector_state,
         LOGGERS_KEY: {_class_path(type(lg)): lg.state_dict() for lg in loggers},
         RNG_KEY: rng_state(),
         CONFIG_KEY: config,

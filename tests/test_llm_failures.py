@@ -3,13 +3,17 @@ the learner has, and reward functions get exactly the arguments they are configu
 
 from __future__ import annotations
 
+import functools
 import json
+import signal
+import time
 
 import pytest
 import torch
 
 from rltrain import build, checkpoint
 from rltrain.errors import ConfigError, NonFiniteError
+from rltrain.llm.rewards import Rewards, RewardTimeout, time_limit
 from rltrain.validate import validate
 from tests.conftest import make_config, run_cli
 from tests.test_outputs import read_jsonl
@@ -65,6 +69,36 @@ def test_float16_fails_naming_the_version_and_the_dtype_and_keeps_the_last_finit
     assert all(torch.isfinite(t).all() for t in checkpoint.load(saved[-1])["algo"]["policy"].values())
 
 
+def test_a_checkpoint_of_grpo_s_unfused_optimizer_resumes_fused_with_its_step_on_the_weights_device(tmp_path):
+    algo = build(make_config(*SHORT), run_dir=tmp_path / "run").algo
+    unfused = torch.optim.AdamW(algo._params, lr=algo.lr)  # as GRPO's optimizer was before its guard
+    for p in algo._params:
+        p.grad = torch.full_like(p, 1e-3)
+    unfused.step()
+    state = {"policy": algo.policy.state_dict(), "optimizer": unfused.state_dict(), "frames": 128, "reference": None}
+    algo.load_state_dict(state)
+    assert algo.optimizer.defaults["fused"] and algo.optimizer.param_groups[0]["fused"]
+    steps = [s["step"] for s in algo.optimizer.state.values()]
+    assert steps and all(s.device == p.device and s.dtype == torch.float32 and s.item() == 1
+                         for s, p in zip(steps, algo._params))
+    algo.update(make_batch(algo))
+    assert all(s["step"].item() == 2 for s in algo.optimizer.state.values())
+
+
+def make_batch(algo):
+    """One batch of the tiny task's completions from GRPO ``algo``'s own policy."""
+    from rltrain.collectors.generation import complete
+    from rltrain.llm.engine import Sampling, TransformersEngine
+    from rltrain.llm.model import LanguageModel
+    from rltrain.llm.rewards import Rewards, correct_answer
+    from rltrain.llm.tasks import ReverseDigits
+
+    model = LanguageModel()
+    engine = TransformersEngine(algo.policy, model.tokenizer())
+    return complete(engine, model, ReverseDigits().take(8), 4, Sampling(max_new_tokens=2),
+                    Rewards({"correct": correct_answer}), seed=0)
+
+
 # 3. A failure outside the learner keeps what the learner has.
 
 def test_a_final_evaluation_that_fails_keeps_the_checkpoint_and_the_model_and_the_run_resumes(tmp_path):
@@ -102,7 +136,37 @@ def test_the_eval_rows_columns_are_checked_against_the_rewards_before_training(t
         validate(make_config(*SHORT, "env=dataset", train, f"env.eval_path={bare}"))
 
 
+def test_a_reward_s_time_limit_puts_back_the_timer_it_found_and_is_not_swallowed(monkeypatch):
+    fired = []
+    monkeypatch.setattr(signal, "SIGALRM", signal.SIGALRM)  # restored below by hand: the handler and the timer
+    previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)  # an outer timer, as pytest-timeout's
+        with pytest.raises(RewardTimeout):  # a function's own `except Exception` does not turn it into a reward
+            with time_limit(0.05):
+                try:
+                    time.sleep(5)
+                except Exception:  # noqa: BLE001
+                    pass
+        with time_limit(5):
+            pass
+        time.sleep(1)
+        assert fired == [True]  # the outer timer fired once, after its own time
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 # 4. Reward arguments mean what they say.
+
+def test_a_positional_only_reward_function_takes_its_configured_arguments():
+    rewards = Rewards({"short": functools.partial(short_answer, max_chars=1)})
+    assert rewards("reverse 7:", "7", {"answer": "7"}) == (1.0, {"short": 1.0})
+
+
+def short_answer(prompt, completion, /, *, max_chars=4, **row):
+    return float(len(completion) <= max_chars)
+
 
 def test_a_misspelled_reward_argument_is_refused_naming_it(tmp_path):
     with pytest.raises(ConfigError, match=r"env.rewards.short.max_charz: length_penalty takes no argument 'max_charz' "

@@ -308,6 +308,9 @@ def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None 
     assert checkpoint.listing(tmp_path / "run")[-1].name == checkpoint.path_for(tmp_path, summary["frames"]).name
     assert (tmp_path / "run/model/config.json").is_file()
     assert f"The learner was kept: checkpoint frames_{summary['frames']:012d}.pt" in err, err[-2000:]
+    # Its task resumes with the prompts of the batch the engine failed on: none is skipped (4 completions each).
+    kept = checkpoint.load(checkpoint.listing(tmp_path / "run")[-1])["collector"]
+    assert kept["task"]["position"] * 4 == summary["frames"] and kept["batches"] * 32 == summary["frames"], kept
     return err
 
 

@@ -151,8 +151,9 @@ class GRPO:
         self.reference = (copy.deepcopy(policy).eval().requires_grad_(False)
                           if kl_coef and self._adapters_off is None else None)
         self._params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
-        # Fused: it skips a step the guard flags, and it computes in float32 whatever the weights' dtype (the
-        # unfused AdamW turns float16 weights into NaN at the first step: its eps underflows to 0).
+        # Fused: it skips a step the guard flags, and computes each step in float32 whatever the weights' dtype
+        # (its moments stay in that dtype; the unfused AdamW turns float16 weights into NaN at the first step:
+        # its eps underflows to 0).
         self.optimizer = torch.optim.AdamW(self._params, lr=lr, weight_decay=weight_decay, fused=True)
         self.guard = NonFiniteGuard({"grpo": self.optimizer}, nonfinite, self.device)
         self.frames = 0  # completions trained on: the schedule's position

@@ -36,6 +36,10 @@ def load_adam(optimizer: torch.optim.Adam, state: dict) -> None:
     for group, own in zip(optimizer.param_groups, kept):
         saved_lr = group["lr"]
         group.update(own)
+        if own.get("fused") or own.get("capturable"):  # a state saved unfused keeps its step on the CPU
+            for p in group["params"]:
+                if "step" in optimizer.state.get(p, {}):
+                    optimizer.state[p]["step"] = optimizer.state[p]["step"].to(p.device, torch.float32)
         if isinstance(own.get("lr"), torch.Tensor):  # the same tensor a compiled step or graph reads
             group["lr"].fill_(float(saved_lr))
         else:

@@ -18,7 +18,6 @@ corrects for that), and the trainer drops a batch more than ``max_lag`` versions
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Iterator
 from typing import Annotated
@@ -35,7 +34,6 @@ from rltrain.protocols import Collector
 from rltrain.rules import Flag, Integer, OneOf, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
 from rltrain.sync.base import WeightReceiver
 
-log = logging.getLogger("rltrain")
 STOP = Satisfies(lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v),
                  "a list of non-empty strings")
 ENGINES = ("transformers", "vllm")
@@ -104,6 +102,7 @@ class GenerationCollector(Collector):
         self._local = engine == "transformers"  # its weights come through this process's receiver
         self._pending: tuple[list[dict], float] | None = None  # a batch asked of the engine: its rows, and when
         self._ready: TensorDict | None = None  # a batch generated ahead, finished for a checkpoint, not yet returned
+        self._failed: Exception | None = None  # what finishing a batch ahead for a checkpoint raised
 
     def __iter__(self) -> Iterator[TensorDict]:
         while True:
@@ -112,6 +111,9 @@ class GenerationCollector(Collector):
     def collect(self) -> TensorDict:
         """One batch: the next prompts, with the newest weights, scored. With ``max_lag`` (the vLLM
         engine), the batch after it is asked for before this one is returned."""
+        if self._failed is not None:  # a checkpoint finished the batch ahead, and it failed
+            failed, self._failed = self._failed, None
+            raise failed
         if self._ready is not None:
             batch, self._ready = self._ready, None
         else:
@@ -119,7 +121,9 @@ class GenerationCollector(Collector):
                 self._submit()
             batch = self._finish()
         if self.max_lag and not self._local:
+            self._ready = batch  # kept for a checkpoint, should asking for the next one fail
             self._submit()  # generates while the learner updates on this batch
+            self._ready = None
         return batch
 
     def _submit(self) -> None:
@@ -131,7 +135,11 @@ class GenerationCollector(Collector):
             self.receiver.poll()
             self.engine.version = self.receiver.version
         started = time.perf_counter()
-        self.engine.submit(prompts, self.group_size, self.sampling, seed=seed)
+        try:
+            self.engine.submit(prompts, self.group_size, self.sampling, seed=seed)
+        except Exception:
+            self._give_back(rows)
+            raise
         self._pending = (rows, started)
 
     def _finish(self) -> TensorDict:
@@ -141,14 +149,17 @@ class GenerationCollector(Collector):
             seconds = self.engine.generate_s or time.perf_counter() - started  # not the learner's update meanwhile
             batch = score(generated, rows, self.group_size, self.rewards, seconds)
         except Exception:
-            # The engine or a reward failed: the batch is given back to the task, so a checkpoint (the run's,
-            # as it fails) resumes with these prompts and this seed, and nothing is skipped.
-            self.task.position -= len(rows)
-            self.batches -= 1
+            self._give_back(rows)
             raise
         finally:
             self._pending = None
         return batch
+
+    def _give_back(self, rows: list[dict]) -> None:
+        """The engine or a reward failed on the batch of ``rows``: it goes back to the task, so a checkpoint
+        (the run's, as it fails) resumes with these prompts and this seed, and nothing is skipped."""
+        self.task.position -= len(rows)
+        self.batches -= 1
 
     def state_dict(self) -> dict:
         """Where the task is (its next prompt), and the seed and count of the batches drawn (batch n
@@ -158,9 +169,8 @@ class GenerationCollector(Collector):
         if self._pending is not None:
             try:
                 self._ready = self._finish()
-            except Exception as e:  # noqa: BLE001  (the engine failed: the run is failing, and says why)
-                log.warning("the batch generated ahead is lost (%s: %s); a resumed run generates it again",
-                            type(e).__name__, e)
+            except Exception as e:  # noqa: BLE001  (given back to the task: the state below stays whole)
+                self._failed = e  # the next collect() raises it: the run fails as it would have there
         state = {"task": self.task.state_dict(), "seed": self.seed, "batches": self.batches}
         return state if self._ready is None else {**state, "ready": self._ready}
 

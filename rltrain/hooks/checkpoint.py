@@ -58,20 +58,27 @@ class CheckpointHook(Hook):
         self.save(state)
 
     def on_failure(self, state: TrainState, error: Exception) -> None:
-        """The run failed outside the learner: keep what it has. A collector whose state cannot be had
+        """The run failed outside the learner: keep what it has, unless a checkpoint of this very state is
+        on disk already (written with the envs as they were then). A collector whose state cannot be had
         (a worker died with its envs) is left out, and a resumed run's envs start fresh episodes."""
+        if checkpoint.path_for(self.run_dir, state.frames).exists():
+            return
         try:
-            self.save(state)
+            collector = self.collector.state_dict()
         except Exception as e:  # noqa: BLE001
             log.warning("the checkpoint leaves out the collector's envs (%s: %s): a resumed run starts them on "
                         "fresh episodes", type(e).__name__, e)
-            self.save(state, with_collector=False)
+            collector = None
+        self._write(state, collector)
 
-    def save(self, state: TrainState, with_collector: bool = True) -> Path:
+    def save(self, state: TrainState) -> Path:
+        return self._write(state, self.collector.state_dict())
+
+    def _write(self, state: TrainState, collector_state: dict | None) -> Path:
+        """The checkpoint of ``state`` with ``collector_state`` (None: the collector's is left out)."""
         t0 = time.perf_counter()
         path = checkpoint.path_for(self.run_dir, state.frames)
-        collector = self.collector if with_collector else None
-        checkpoint.save(path, checkpoint.capture(state, self.hooks, self.algo, collector, self.sender,
+        checkpoint.save(path, checkpoint.capture(state, self.hooks, self.algo, collector_state, self.sender,
                                                  self.loggers, self.config, replay_buffer=self.replay_buffer))
         checkpoint.prune(self.run_dir, self.keep_last)
         log.info("checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6, time.perf_counter() - t0)

@@ -40,6 +40,9 @@ _HUB_TIMEOUT_S = 5
 # needs none: a build made for another torch breaks every model load with a message that names none of them.
 COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
 UNINSTALL_COMPANIONS = f"pip uninstall -y {' '.join(COMPANIONS)}"
+# The ones transformers imports as it loads a model; torchcodec only inside its video and audio functions,
+# and a sound torchcodec fails to import on a machine without FFmpeg: it is not tried.
+IMPORTED_BY_TRANSFORMERS = ("torchvision", "torchaudio")
 
 
 def require_transformers(key: str) -> None:
@@ -49,10 +52,10 @@ def require_transformers(key: str) -> None:
 
 
 def check_companion_packages(key: str) -> None:
-    """A ConfigError naming ``key``, the package and its uninstall when torchvision, torchaudio or
-    torchcodec is installed but does not import beside this torch (transformers would then fail to load
-    any model: "Could not import module 'Qwen2ForCausalLM'")."""
-    for name in COMPANIONS:
+    """A ConfigError naming ``key``, the package and its uninstall when torchvision or torchaudio is
+    installed but does not import beside this torch (transformers would then fail to load any model:
+    "Could not import module 'Qwen2ForCausalLM'")."""
+    for name in IMPORTED_BY_TRANSFORMERS:
         if importlib.util.find_spec(name) is None:
             continue
         try:

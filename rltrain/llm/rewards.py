@@ -151,8 +151,8 @@ class Arguments:
             params = list(inspect.signature(target).parameters.values())
         except (TypeError, ValueError):  # a builtin without a signature: nothing to check
             return cls(name, frozenset(configured), frozenset())
-        named = [p for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-        row_params = named[2:] if len(named) >= 2 else []  # after prompt and completion
+        # After prompt and completion (given by position, whatever their kind), what a keyword can reach.
+        row_params = [p for p in params[2:] if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
         if unknown := sorted(set(configured) - {p.name for p in row_params}):
             takes = ", ".join(p.name for p in row_params) or "none beyond (prompt, completion, **row)"
             raise ConfigError(f"env.rewards.{name}.{unknown[0]}: {getattr(target, '__name__', target)} takes no "
@@ -172,8 +172,9 @@ class Arguments:
                               "the column, or remove the configured argument")
 
 
-class RewardTimeout(Exception):
-    """A reward function ran past ``env.reward_timeout_s``."""
+class RewardTimeout(BaseException):
+    """A reward function ran past ``env.reward_timeout_s`` (a BaseException: a function's own ``except
+    Exception`` must not turn it into a reward)."""
 
 
 @contextlib.contextmanager
@@ -185,16 +186,22 @@ def time_limit(seconds: float | None):
         yield
         return
 
+    armed = True
+
     def expired(signum, frame):
-        raise RewardTimeout
+        if armed:  # not once the block is over: an alarm due just then is dropped
+            raise RewardTimeout
 
     handler = signal.signal(signal.SIGALRM, expired)
-    outer, _ = signal.setitimer(signal.ITIMER_REAL, seconds)
+    outer, interval = signal.setitimer(signal.ITIMER_REAL, seconds)
     started = time.monotonic()
     try:
         yield
     finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, handler)
-        if outer:  # the outer timer's remaining time (at least a tick: one that ran out fires now)
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3))
+        try:
+            armed = False
+            signal.setitimer(signal.ITIMER_REAL, 0)
+        finally:  # the outer handler and timer back, whatever happened (its remaining time, at least a tick)
+            signal.signal(signal.SIGALRM, handler)
+            if outer:
+                signal.setitimer(signal.ITIMER_REAL, max(outer - (time.monotonic() - started), 1e-3), interval)

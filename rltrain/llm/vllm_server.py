@@ -296,9 +296,11 @@ class ServerClaim:
         answer = server.rpc("rltrain_claim", self._json, doing="claiming the server for this run")[0]
         if "held" in answer:
             raise CollectorError(in_use(server.url, answer["held"]))
+        self._keeper = None
         if answer["leased"]:
             self.leased = True
-            threading.Thread(target=self._keep, name="rltrain-vllm-claim", daemon=True).start()
+            self._keeper = threading.Thread(target=self._keep, name="rltrain-vllm-claim", daemon=True)
+            self._keeper.start()
 
     def renew(self) -> None:
         """Raise CollectorError if this run's claim has lapsed and another run holds the server now."""
@@ -322,6 +324,8 @@ class ServerClaim:
         if self._stop.is_set():
             return
         self._stop.set()
+        if self._keeper is not None:  # a renewal in flight would otherwise claim the server again after this
+            self._keeper.join(timeout=_RENEW_S + 1)
         try:
             call(self.server.url, "/collective_rpc", {"method": "rltrain_release", "args": [self.token]},
                  timeout=min(self.server.timeout_s, _CHECK_S))
@@ -411,10 +415,12 @@ def _pid_space() -> str | None:
 
 
 def _started(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot); None if there is none."""
+    """When process ``pid`` started (clock ticks since boot); None if there is none, or only its zombie (a
+    killed learner that its parent, a sweep's launcher say, has not reaped yet)."""
     try:
         with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[19])
+            fields = f.read().rsplit(")", 1)[1].split()
+        return None if fields[0] == "Z" else int(fields[19])
     except (OSError, IndexError, ValueError):
         return None
 
