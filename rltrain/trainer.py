@@ -100,10 +100,10 @@ class Trainer:
         return "interrupted"
 
     def _learner_whole(self, error: BaseException) -> bool:
-        """Whether the learner has something to keep, whole, after ``error``: it trained, and failed outside
-        an update (a collector, an engine, a reward, an evaluation, a weight push, a hook after an update),
-        not in one or between a batch's arrival and its update's end, and
-        nothing in it went NaN or infinite (the last checkpoint then stays the last finite state)."""
+        """Whether the learner has something to keep, whole, after ``error``: it trained; the failure came
+        from outside an update (a collector, an engine, a reward, an evaluation, a weight push, a hook
+        after an update), not from one or between a batch's arrival and its update's end; and nothing in
+        it went NaN or infinite (the last checkpoint then stays the last finite state)."""
         return (isinstance(error, Exception) and not isinstance(error, NonFiniteError) and self.state.frames > 0
                 and not self._in_update and not self.state.progress.mid_update_frames)
 
