@@ -8,6 +8,7 @@ Each part states its own rules (``rltrain.rules``: annotated constructor paramet
 from __future__ import annotations
 
 import difflib
+import heapq
 import importlib
 import importlib.util
 import inspect
@@ -439,10 +440,13 @@ def _check_server(url, transport: str = "shared_mem") -> None:
         raise ConfigError(str(e)) from None
 
 
+LONGEST_TOKENIZED = 256  # the prompts (the longest by characters) whose tokens the config check counts
+
+
 def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:
-    """Every prompt the task stands by (``prompts_to_check``), as the model reads it: tokens the model has
+    """The prompts the task stands by (``prompts_to_check``), as the model reads them: tokens the model has
     (its special tokens in its vocabulary, no character the tokenizer drops), and, plus the longest
-    completion, within the model's context."""
+    completion, within the model's context (the ``LONGEST_TOKENIZED`` longest by characters measured)."""
     from transformers import AutoConfig
 
     source = model.source()
@@ -452,13 +456,15 @@ def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:
     config = AutoConfig.from_pretrained(source)
     model.check_tokenizer(tokenizer, config)
     prompts = task.prompts_to_check()
-    texts = [model.prompt_text(tokenizer, p) for p in prompts]
-    ids = tokenizer(texts, add_special_tokens=False)["input_ids"]
-    model.check_readable(tokenizer, prompts, texts, ids)
+    model.check_readable(tokenizer, prompts)
     context = getattr(config, "max_position_embeddings", None)
     if not context:
         return
-    lengths = [len(i) for i in ids]
+    # The longest prompts by characters stand for the longest by tokens: tokenizing every row of a large
+    # dataset would make the check as slow as the dataset is large.
+    prompts = heapq.nlargest(LONGEST_TOKENIZED, prompts, key=len)
+    texts = [model.prompt_text(tokenizer, p) for p in prompts]
+    lengths = [len(i) for i in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     longest = max(range(len(texts)), key=lengths.__getitem__)
     if lengths[longest] + max_new_tokens > context:
         raise ConfigError(f"a prompt of {lengths[longest]} tokens plus collector.max_new_tokens={max_new_tokens} "

@@ -257,23 +257,21 @@ class LanguageModel:
                     f"{_example(tokenizer, role, vocab_size)}, or resize the model's embeddings "
                     "(model.resize_token_embeddings(len(tokenizer))) and save it again")
 
-    def check_readable(self, tokenizer, prompts: list[str], texts: list[str], ids: list[list[int]]) -> None:
-        """Refuse prompts with characters the tokenizer cannot represent: ``texts`` (the prompts as the
-        model reads them) tokenized to ``ids`` decode without them (dropped, or read as an unknown token),
-        so the model would never see them. Compared after NFKC normalization, which some tokenizers apply,
-        and whitespace counts as kept where any is (tokenizers that merge spaces keep the text's meaning)."""
-        decoded = tokenizer.batch_decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        lost: set[str] = set()
-        example = None
-        for prompt, text, back in zip(prompts, texts, decoded):
-            text, back = (unicodedata.normalize("NFKC", t) for t in (text, back))
-            kept, space = set(back), any(c.isspace() for c in back)
-            missing = {c for c in text if c not in kept and not (space and c.isspace())}
-            if missing and example is None:
-                example = prompt
-            lost |= missing
+    def check_readable(self, tokenizer, prompts: list[str]) -> None:
+        """Refuse prompts with characters the tokenizer cannot represent: tokenized, they decode without
+        them (dropped, or read as an unknown token), so the model would never see them. Every character of
+        the prompts is tokenized once, together (not every prompt: a large dataset's check stays quick).
+        Compared after NFKC normalization, which some tokenizers apply, and whitespace counts as kept where
+        any is (tokenizers that merge spaces keep the text's meaning)."""
+        chars = "".join(sorted(set().union(*prompts)))
+        ids = tokenizer(chars, add_special_tokens=False)["input_ids"]
+        back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        text, back = (unicodedata.normalize("NFKC", t) for t in (chars, back))
+        kept, space = set(back), any(c.isspace() for c in back)
+        lost = {c for c in text if c not in kept and not (space and c.isspace())}
         if not lost:
             return
+        example = next((p for p in prompts if lost & set(unicodedata.normalize("NFKC", p))), prompts[0])
         tiny = (" (rltrain's tiny tokenizer has a token for each character of rltrain.llm.tiny.CHARACTERS only)"
                 if self.path == TINY else "")
         raise ConfigError(f"model.path={self.path}: its tokenizer has no token for the characters "
