@@ -338,9 +338,11 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
                               "(prompt, completion, **row) -> float")
     rewards = task_rewards(cfg)  # the weights name rewards that exist; configured arguments the functions take
     task = env_maker(cfg)()  # a dataset's file read: a ConfigError names what is wrong in it
-    for split, rows in task.rows_to_check().items():  # each split's columns, as the reward functions read them
-        rewards.check_rows(rows, task.describe(split))
-    _check_prompt_lengths(model, task, parts["collector"][1].get("max_new_tokens", 16))
+    rows = task.rows_to_check()
+    for split, split_rows in rows.items():  # each split's columns, as the reward functions read them
+        rewards.check_rows(split_rows, task.describe(split))
+    prompts = [row["prompt"] for split_rows in rows.values() for row in split_rows]
+    _check_prompt_lengths(model, prompts, parts["collector"][1].get("max_new_tokens", 16))
 
 
 def _check_engine(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
@@ -443,8 +445,8 @@ def _check_server(url, transport: str = "shared_mem") -> None:
 LONGEST_TOKENIZED = 256  # the prompts (the longest by characters) whose tokens the config check counts
 
 
-def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:
-    """The prompts the task stands by (``prompts_to_check``), as the model reads them: tokens the model has
+def _check_prompt_lengths(model, prompts: list[str], max_new_tokens: int) -> None:
+    """``prompts`` (those the task stands by: ``rows_to_check``), as the model reads them: tokens the model has
     (its special tokens in its vocabulary, no character the tokenizer drops), and, plus the longest
     completion, within the model's context (the ``LONGEST_TOKENIZED`` longest by characters measured)."""
     from transformers import AutoConfig
@@ -455,7 +457,6 @@ def _check_prompt_lengths(model, task, max_new_tokens: int) -> None:
     tokenizer = model.tokenizer()
     config = AutoConfig.from_pretrained(source)
     model.check_tokenizer(tokenizer, config)
-    prompts = task.prompts_to_check()
     model.check_readable(tokenizer, prompts)
     context = getattr(config, "max_position_embeddings", None)
     if not context:

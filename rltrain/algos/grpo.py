@@ -168,7 +168,7 @@ class GRPO:
         if not bool(torch.isfinite(flat["log_prob"]).all()):
             raise NonFiniteError(f"the engine's log-probs of this batch (weights version "
                                  f"{int(flat['policy_version'].min())}) hold NaN or infinity: its forward pass "
-                                 "overflowed (model.dtype=float16 on a CPU does; use float32) or its weights are "
+                                 "overflowed (model.dtype=float16 does; use float32) or its weights are "
                                  "not finite; lower algo.lr if the weights grew")
         rewards = flat["reward"]
         advantages, flat_groups = group_advantages(rewards, group_size, scale=self.scale_rewards)

@@ -107,7 +107,10 @@ class LanguageModel:
             raise ConfigError(f"model.lora_rank={self.lora_rank} trains LoRA adapters with peft, which is not "
                               "installed: pip install 'rltrain[lora]' (or model.lora_rank=0: every weight trains)")
         if self.path == TINY:
-            self._check_lora_targets(Path(self.source()))
+            if self.lora_rank:
+                from transformers import AutoConfig
+
+                self._check_lora_targets(AutoConfig.from_pretrained(self.source()))
             return
         local = Path(self.path).expanduser()
         if not local.exists():
@@ -122,20 +125,15 @@ class LanguageModel:
         if not any((local / name).is_file() for name in _TOKENIZER_FILES):
             raise ConfigError(f"model.path={self.path} has no tokenizer (none of {', '.join(_TOKENIZER_FILES)}); "
                               "save the tokenizer there too: tokenizer.save_pretrained(DIR)")
-        self._check_causal_lm(local)
-        self._check_lora_targets(local)
+        self._check_lora_targets(self._check_causal_lm(local))
 
-    def _check_lora_targets(self, local: Path) -> None:
+    def _check_lora_targets(self, config) -> None:
         """LoRA targets that leave the model written at the end the one trained: not the output layer or
         the input embedding of a model that ties them (peft's adapter on one is not the other's, and the
         merged model then computes something else than the learner did)."""
         targets = [self.lora_targets] if isinstance(self.lora_targets, str) else list(self.lora_targets or [])
         tied = [t for t in targets if t.rsplit(".", 1)[-1] in _EMBEDDINGS]
-        if not (self.lora_rank and tied):
-            return
-        from transformers import AutoConfig
-
-        if getattr(AutoConfig.from_pretrained(local), "tie_word_embeddings", False):
+        if self.lora_rank and tied and getattr(config, "tie_word_embeddings", False):
             raise ConfigError(f"model.lora_targets names {', '.join(tied)}, and model.path={self.path} ties its "
                               "output layer to its input embedding (tie_word_embeddings): an adapter on one is not "
                               "on the other, so the merged model written at the end would not be the one trained; "
@@ -163,10 +161,10 @@ class LanguageModel:
                           "path of a save_pretrained dir (python -m rltrain.llm.tiny DIR writes one), or a hub id "
                           "the hub has")
 
-    def _check_causal_lm(self, local: Path) -> None:
+    def _check_causal_lm(self, local: Path):
         """The dir's config.json is a causal LM's (read with AutoConfig; no weights load): not an encoder
         (BERT's ``BertModel``: ``architectures``), a vision model (ViT: no causal LM of its type) or an
-        encoder-decoder."""
+        encoder-decoder. Returns that config."""
         from transformers import AutoConfig
         from transformers.models.auto import modeling_auto
 
@@ -191,6 +189,7 @@ class LanguageModel:
         if getattr(config, "is_encoder_decoder", False):
             raise ConfigError(f"model.path={self.path} holds an encoder-decoder (sequence-to-sequence) model ({kind}); "
                               f"{fix}")
+        return config
 
     def source(self) -> str:
         """What transformers loads: the dir or hub id (``tiny``: the cached tiny model, made if missing)."""

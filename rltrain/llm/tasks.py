@@ -67,10 +67,6 @@ class Task:
         endless split; a dataset's every row."""
         return {split: self._twin(split).take(256) for split in SPLITS}
 
-    def prompts_to_check(self) -> list[str]:
-        """The prompts of ``rows_to_check``, every split's."""
-        return [row["prompt"] for rows in self.rows_to_check().values() for row in rows]
-
     def describe(self, split: str) -> str:
         """``split``'s rows, as an error message names them."""
         return f"the {split} split of env={type(self).__name__}"
