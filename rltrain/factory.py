@@ -63,7 +63,7 @@ RUNTIME_ARGS = {
     "algo": ("policy", "total_frames", "device", *ENV_TO_ALGO),
     "algo.network": ("env_spec",),
     "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender", "model", "rewards",
-                  "device"),
+                  "device", "run_dir"),
     "logger": ("run_dir", "config", "resume"),
     "hooks": ("policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
               "config", "hooks", "model", "rewards"),
@@ -157,7 +157,8 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
         collector = _instantiate_with(cfg.collector, **_runtime(
             "collector", make_env=make_env, make_policy=make_policy, make_receiver=scheme.receiver, env_spec=env_spec,
-            seed=cfg.seed + restore.frames, sender=sender, model=model, rewards=rewards, device=device))
+            seed=cfg.seed + restore.frames, sender=sender, model=model, rewards=rewards, device=device,
+            run_dir=run_dir))
         cleanup.callback(collector.close)
         restore.collector(collector)
 

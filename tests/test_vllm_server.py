@@ -107,12 +107,12 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _connected(url: str, model_dir, learner=None, transport: str = "shared_mem"):
+def _connected(url: str, model_dir, learner=None, transport: str = "shared_mem", run_dir=None):
     model = LanguageModel(str(model_dir))
     learner = model.load() if learner is None else learner
     scheme = VLLMSync(transport=transport)
     sender = scheme.sender(learner)
-    return model, learner, sender, VLLMServer(url, model.tokenizer(), scheme.receiver(), timeout_s=120)
+    return model, learner, sender, VLLMServer(url, model.tokenizer(), scheme.receiver(), timeout_s=120, run_dir=run_dir)
 
 
 @pytest.mark.parametrize("transport", ["shared_mem", "gloo"])
@@ -224,8 +224,8 @@ def _rpc(url: str, method: str, *args: str) -> dict:
 def test_a_server_serves_one_run_at_a_time_and_names_the_run_holding_it(server, tmp_path):
     url, model_dir, *_ = server
     check = make_config("algo=grpo", *VLLM, f"collector.vllm_url={url}")
-    lock = RunDirLock.acquire(tmp_path / "first")  # as build() holds its run dir
-    model, learner, sender, first = _connected(url, model_dir)
+    lock = RunDirLock.acquire(tmp_path / "first")  # as build() holds its run dir, and names it to the server
+    model, learner, sender, first = _connected(url, model_dir, run_dir=tmp_path / "first")
     try:
         named = rf"in use by another run \(run dir {re.escape(str(tmp_path / 'first'))}, pid {os.getpid()} on "
         with pytest.raises(ConfigError, match=named + r".*start a second server for this run on another --port"):

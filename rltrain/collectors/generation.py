@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Annotated
 
 import torch
@@ -78,6 +79,7 @@ class GenerationCollector(Collector):
         engine_threads: Annotated[int | None, THREADS] = 1,
         engine_gpu: Annotated[int | None, GPU] = None,
         engine_gpu_memory: PositiveFraction = 0.4,
+        run_dir: str | Path | None = None,  # set by build: the run a vLLM server of the user's is claimed for
     ):
         self.prompts_per_batch = batch_steps(frames_per_batch, group_size, "collector.group_size")
         self.group_size, self.seed, self.batches, self.max_lag = group_size, seed, 0, max_lag
@@ -88,7 +90,8 @@ class GenerationCollector(Collector):
         if engine == "vllm" and vllm_url:
             from rltrain.llm.vllm_server import VLLMServer
 
-            self.engine = VLLMServer(vllm_url, model.tokenizer(), self.receiver, timeout_s=timeout_s, dtype=model.dtype)
+            self.engine = VLLMServer(vllm_url, model.tokenizer(), self.receiver, timeout_s=timeout_s, dtype=model.dtype,
+                                     run_dir=run_dir)
         elif engine == "vllm":
             from rltrain.llm.vllm_engine import VLLMEngine
 

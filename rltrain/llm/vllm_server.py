@@ -154,9 +154,11 @@ def check_server(url: str, timeout_s: float = _CHECK_S, transport: str = "shared
 class VLLMServer(Engine):
     """A vLLM server the user runs at ``url``, on the learner's machine; ``receiver`` (``sync=vllm``'s, in
     this process) loads each pushed version into it before a batch. ``submit`` then ``collect`` (or
-    ``generate``) a batch of completions; every request is bounded by ``timeout_s``."""
+    ``generate``) a batch of completions; every request is bounded by ``timeout_s``. ``run_dir``: the run's,
+    which the claim names to another run (None: the one this process holds open, if one)."""
 
-    def __init__(self, url: str, tokenizer, receiver, timeout_s: float = 120.0, dtype: str = "float32"):
+    def __init__(self, url: str, tokenizer, receiver, timeout_s: float = 120.0, dtype: str = "float32",
+                 run_dir: str | os.PathLike | None = None):
         self.url, self.tokenizer, self.receiver, self.timeout_s = url.rstrip("/"), tokenizer, receiver, timeout_s
         self._doing = "connecting"
         try:
@@ -167,7 +169,8 @@ class VLLMServer(Engine):
             raise CollectorError(f"collector.vllm_url={self.url}: the server computes in {self.info['dtype']}, the "
                                  f"learner in {dtype} (model.dtype); restart the server with --dtype {dtype}")
         self._pool, self._pending = None, None
-        self.claim = ServerClaim(self)  # before anything reaches the server: refused while another run holds it
+        # before anything reaches the server: refused while another run holds it
+        self.claim = ServerClaim(self, run_dir)
         try:
             self._pool = ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="rltrain-vllm-server")
             self._doing = "loading the learner's weights"
@@ -289,8 +292,8 @@ class ServerClaim:
     frees it at once; one elsewhere keeps it while this process renews it within its lease (a thread does,
     and each batch and push checks it still holds it)."""
 
-    def __init__(self, server: VLLMServer):
-        self.server, self.holder = server, holder()
+    def __init__(self, server: VLLMServer, run_dir: str | os.PathLike | None = None):
+        self.server, self.holder = server, holder(run_dir=run_dir)
         self.token, self._json = self.holder["token"], json.dumps(self.holder)
         self._stop, self.leased = threading.Event(), False
         answer = server.rpc("rltrain_claim", self._json, doing="claiming the server for this run")[0]
@@ -333,13 +336,14 @@ class ServerClaim:
             pass
 
 
-def holder(pid: int | None = None) -> dict:
+def holder(pid: int | None = None, run_dir: str | os.PathLike | None = None) -> dict:
     """Who claims a server: the process ``pid`` of this machine (None: this one), where its pid means it
-    (this boot's pid namespace, where a server that shares it checks that it lives), the run dir it holds,
-    its command, since when; and a token of its own."""
+    (this boot's pid namespace, where a server that shares it checks that it lives), its run dir (None: the
+    one it holds open, if one), its command, since when; and a token of its own."""
     pid = os.getpid() if pid is None else pid
+    run_dir = str(run_dir) if run_dir is not None else _run_dir(pid)
     return {"token": uuid.uuid4().hex, "pid": pid, "started": _started(pid), "where": _pid_space(),
-            "host": socket.gethostname(), "run_dir": _run_dir(pid), "command": _command(pid),
+            "host": socket.gethostname(), "run_dir": run_dir, "command": _command(pid),
             "since": datetime.now().isoformat(timespec="seconds"), "lease_s": _LEASE_S}
 
 
