@@ -70,7 +70,10 @@ def test_float16_fails_naming_the_version_and_the_dtype_and_keeps_the_last_finit
 
 
 def test_a_checkpoint_of_grpo_s_unfused_optimizer_resumes_fused_with_its_step_on_the_weights_device(tmp_path):
-    algo = build(make_config(*SHORT), run_dir=tmp_path / "run").algo
+    trainer = build(make_config(*SHORT), run_dir=tmp_path / "run")
+    trainer.collector.close()  # only the learner is used: nothing of the run stays open in this process
+    trainer.run_dir_lock.release()
+    algo = trainer.algo
     unfused = torch.optim.AdamW(algo._params, lr=algo.lr)  # as GRPO's optimizer was before its guard
     for p in algo._params:
         p.grad = torch.full_like(p, 1e-3)
