@@ -39,7 +39,7 @@ case "$part" in
            --json "$out/learner_cuda.json" 2>&1 | tee "$out/device_bench.log" ;;
   llm) timeout 240 python3 -m pytest -q -p no:cacheprovider -o timeout=0 tests/test_grpo.py \
            tests/test_llm_failures.py 2>&1 | tee "$out/device_llm_tests.log"
-       for dtype in float32 bfloat16 float16; do  # the README's first GRPO command, shortened, per dtype
+       for dtype in float32 bfloat16 float16; do  # docs/language-models.md's first GRPO command, shortened, per dtype
          timeout 60 python3 -m rltrain algo=grpo device=cuda model.dtype=$dtype trainer.total_frames=12800 \
            hydra.run.dir="/tmp/grpo_$dtype" 2>&1 | grep -E "done:|rltrain: |NonFinite" | tee -a "$out/device_llm_runs.log"
        done ;;

@@ -65,18 +65,23 @@ def import_torch_s() -> float:
 def startup(ctx) -> Table:
     table = Table("Start-up: seconds from launch, median [p10-p90]", ["import torch", OURS], ratio_to="import torch",
                   ratio_header="{peer} / import torch", ratio_mode="over")
-    floor, first, wall = [], [], []
+    floor, first, wall, grpo = [], [], [], []
     for _ in range(1 if ctx.quick else 7):  # alternating
         floor.append(import_torch_s())
         run = rltrain_run(0, "trainer.total_frames=512", "trainer.stop_at_return=null", "hooks.eval.episodes=1",
                           "hooks.checkpoint.every=null")
         first.append(run["first_batch_s"])
         wall.append(run["wall_s"])
+        # a language model's run: the tiny model loaded, its task checked and made, its engine started
+        grpo.append(rltrain_run(0, "algo=grpo", "trainer.total_frames=128", "hooks.eval.prompts=8",
+                                "hooks.checkpoint.every=null")["first_batch_s"])
     table.rows.append(Row("python -m rltrain: launch to the first batch", {"import torch": Stat(floor, "s"),
                                                                            OURS: Stat(first, "s")},
                           target="<= 1.5x", goals=(Goal(OURS, at_most=1.5),)))
     table.rows.append(Row("python -m rltrain, one batch: the whole process", {"import torch": Stat(floor, "s"),
                                                                               OURS: Stat(wall, "s")}))
+    table.rows.append(Row("python -m rltrain algo=grpo: launch to the first batch",
+                          {"import torch": Stat(floor, "s"), OURS: Stat(grpo, "s")}))
     return table
 
 

@@ -1,7 +1,7 @@
-"""Weight push into a vLLM engine (``sync=vllm``): the time until the engine holds a new version of the
-learner's weights, beside the same bytes with no vLLM, one call per tensor, a file, and the same push
-into a vLLM server the user runs (``collector.vllm_url``); and vLLM's generation, in rltrain's engine
-and in that server, beside ``TransformersEngine``.
+"""Weight push into a vLLM engine (``engine=vllm``, ``sync=vllm``): the time until the engine holds a new
+version of the learner's weights, beside the same bytes with no vLLM, one call per tensor, a file, and the
+same push into a vLLM server the user runs (``engine=vllm_server engine.url=...``); and vLLM's generation,
+in rltrain's engine and in that server, beside ``TransformersEngine``.
 
 Models: Qwen2 models written by ``rltrain.llm.tiny.write_tiny_model`` (random weights, 32-wide heads)
 at each size of SIZES, into a temporary dir under /tmp, float32; the learner is that dir loaded with
@@ -11,10 +11,10 @@ between the methods (rltrain, floor, per tensor, file, server, gloo, in that ord
 discarded; ms per push, median [p10-p90] of ROUNDS rounds. Each method counts from the learner's
 first step until the engine has answered that it holds the new weights:
 
-- ``rltrain``: ``sender.push()`` (``VLLMSync``: one copy into a free shared-memory slot) then
+- ``rltrain``: ``sender.push()`` (``VLLMSlotsSync``: one copy into a free shared-memory slot) then
   ``VLLMEngine.sync()``, whose answer comes once the engine's receiver has loaded the slot into vLLM
   (``VLLMModel.load``: vLLM's in-place layerwise reload, the embedding's CPU GEMM repack, the
-  prefix-cache reset). The engine process is rltrain's own, as ``collector.engine=vllm`` starts it.
+  prefix-cache reset). The engine process is rltrain's own, as ``engine=vllm`` starts it.
 - ``floor``: the same push into the same slots, and a spawned process with no vLLM (one torch thread,
   as vLLM serves with here) that holds a receiver of the same scheme, answers ``("sync",)`` on its
   pipe as the engine does, and loads the slot by copying every tensor into tensors of its own.
@@ -28,8 +28,8 @@ first step until the engine has answered that it holds the new weights:
 - ``file`` (TorchRL's double-buffer scheme): ``safetensors.torch.save_file`` of every weight to a file
   in /dev/shm (two files, used in turn), then one message asks the same engine process to
   ``load_file`` it and ``VLLMModel.load`` the dict.
-- ``server``: the same push into the same slots, then ``VLLMServer.sync()`` (``rltrain.llm.vllm_server``)
-  into vLLM's OpenAI-compatible server, started for each size as the README's "A vLLM server of your
+- ``server``: the same push into the same slots, then ``VLLMServer.sync()`` (``rltrain.llm.vllm.server``)
+  into vLLM's OpenAI-compatible server, started for each size as docs/vllm.md's "A vLLM server of your
   own" says (``python -m vllm.entrypoints.openai.api_server`` on the model dir, ``VLLM_SERVER_DEV_MODE=1``,
   rltrain's worker extension, ``--logprobs-mode processed_logprobs --dtype float32 --enforce-eager``,
   ``VLLM_CPU_KVCACHE_SPACE=1``) on 127.0.0.1 at a free port, in its own session, and stopped at the end
@@ -39,8 +39,9 @@ first step until the engine has answered that it holds the new weights:
   ``/proc/<learner pid>/fd/<fd>`` and ``VLLMModel.load``s it), ``/reset_prefix_cache``, ``/resume``; it
   returns the version once ``/resume`` has answered. The server table times each request in the
   learner, and the learner's ``sender.push()`` before them.
-- ``gloo`` (``sync.transport=gloo``): ``sender.push()`` of a ``VLLMSync(transport="gloo")`` into a
-  second rltrain engine started with it: vLLM's transfer calls over the engine's pipe while the learner
+- ``gloo`` (``sync=vllm_transfer sync.backend=gloo``): ``sender.push()`` of a
+  ``VLLMTransferSync(backend="gloo")`` sender into a second rltrain engine started with it (connected to
+  ``transfer_client()`` as build does): vLLM's transfer calls over the engine's pipe while the learner
   copies its weights into one host buffer and broadcasts it over a loopback gloo group; the engine
   receives it into one buffer and ``VLLMModel.load``s it, then resets its prefix cache. ``push()``
   returns once the engine has answered ``finish_weight_update``.
@@ -75,12 +76,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from collections import defaultdict
-from multiprocessing.connection import wait
 from pathlib import Path
 
 from benchmarks.core import OURS, ROOT, Goal, Row, Stat, Table
+from rltrain.child_process import ChildProcess, die_with_parent, next_request
+from rltrain.errors import RunError, send_failure
 
 NAME, TITLE = "vllm_push", "Weight push into vLLM"
 SIZES = [(128, 12), (640, 21), (1280, 20)]  # (hidden size, layers): about 1.8M, 77M and 296M parameters
@@ -92,43 +93,35 @@ STOP_S = 60.0  # how long a server's process group has after SIGTERM before SIGK
 MEMORY_FACTOR = 20  # bytes of RAM per byte of weights the methods hold at once (slots, engines, server, files, gloo)
 PROMPTS, GROUP, MAX_NEW_TOKENS = 16, 8, 16
 SERVER_STEPS = ["/pause", "rltrain_load", "/reset_prefix_cache", "/resume"]  # VLLMServer's calls in a push
+FLOOR_PROCESS, PEER_PROCESS = "the floor's process", "the per-tensor/file engine"
 STEPS = ["initialize", "load_weights", "GEMM repack", "finalize", "embedding repack", "reset_prefix_cache", "other"]
 
 
 # --- the engine processes -------------------------------------------------------------------------------------------
 
-def _serve(conn, setup, handlers: dict) -> None:
-    """A spawned process's loop: ``setup()`` then ``("ready",)``, then each request to its handler,
-    which answers; any failure goes back as ``("error", traceback)``."""
+def _serve(conn, who: str, setup, handlers: dict) -> None:
+    """A spawned process's loop, as rltrain's engine's: ``setup()`` then ``("ready",)``, then each request
+    to its handler, which answers; a failure goes back as rltrain's ``("error", what, traceback)``."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner closes it
+    die_with_parent()
     code = 0
     try:
         state = setup()
         conn.send(("ready",))
-        parent = mp.parent_process()
-        while True:
-            if not conn.poll(0.5):
-                if parent is not None and not parent.is_alive():
-                    break
-                continue
-            msg = conn.recv()
-            if msg[0] == "close":
-                break
+        while (msg := next_request(conn)) is not None:
             handlers[msg[0]](conn, state, *msg[1:])
-    except BaseException:  # noqa: BLE001  everything goes back to the learner
-        try:
-            conn.send(("error", traceback.format_exc()))
-        except OSError:
-            pass
+    except BaseException as e:  # noqa: BLE001  everything goes back to the learner
+        send_failure(conn, who, e)
         code = 1
     os._exit(code)  # vLLM's teardown may wait on its threads
 
 
 class CopyModel:
-    """What the floor's receiver loads a slot into: tensors of its own, one ``copy_`` per weight."""
+    """What the floor's receiver loads a slot into: tensors of its own, one ``copy_`` per weight; it tells the
+    learner which version it loads first, as rltrain's engine does."""
 
-    def __init__(self):
-        self.tensors: dict = {}
+    def __init__(self, conn):
+        self.conn, self.tensors = conn, {}
 
     def load(self, weights: dict) -> None:
         import torch
@@ -138,7 +131,8 @@ class CopyModel:
         for name, t in weights.items():
             self.tensors[name].copy_(t)
 
-    def load_slot(self, slot) -> None:
+    def load_slot(self, slot, version: int) -> None:
+        self.conn.send(("doing", f"loading weights version {version}"))
         self.load(slot.views)
 
 
@@ -149,15 +143,14 @@ def floor_main(conn, receiver) -> None:
         import torch
 
         torch.set_num_threads(1)
-        receiver.on_load = lambda version: conn.send(("doing", f"loading weights version {version}"))
-        receiver.connect(CopyModel())
+        receiver.connect(CopyModel(conn))
         return receiver
 
     def sync(conn, receiver):
         receiver.poll()
         conn.send(("synced", receiver.version))
 
-    _serve(conn, setup, {"sync": sync})
+    _serve(conn, FLOOR_PROCESS, setup, {"sync": sync})
 
 
 class TimedModel:
@@ -214,12 +207,12 @@ class TimedModel:
         times["other"] = total - sum(times.values())
         self.times = {"total": total, **times}
 
-    def load_slot(self, slot) -> None:
+    def load_slot(self, slot, version: int) -> None:
         self.load(slot.views)
 
 
 def _start_vllm(source: str):
-    """vLLM's ``LLM`` in this process, as ``rltrain.llm.vllm_engine.engine_main`` starts it."""
+    """vLLM's ``LLM`` in this process, as ``rltrain.llm.vllm.engine.engine_main`` starts it."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{KV_CACHE_GB:g}"
     mp.set_start_method("fork", force=True)
@@ -267,7 +260,7 @@ def peer_engine_main(conn, source: str, receiver) -> None:
     def setup():
         import torch
 
-        from rltrain.llm.vllm_engine import VLLMModel
+        from rltrain.llm.vllm.loading import VLLMModel
 
         llm = _start_vllm(source)
         runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
@@ -300,88 +293,54 @@ def peer_engine_main(conn, source: str, receiver) -> None:
     def probe(conn, state, ids):
         conn.send(("probed", probe_logprobs(state["llm"], ids)))
 
-    _serve(conn, setup, {"tensor": tensor, "tensors_done": tensors_done, "file": file, "profile": profile,
+    _serve(conn, PEER_PROCESS, setup, {"tensor": tensor, "tensors_done": tensors_done, "file": file, "profile": profile,
                          "probe": probe})
 
 
-class Spawned:
-    """The learner's end of a process started by ``_serve``: requests and their bounded waits."""
+class ProcessFailed(RunError):
+    """A benchmark process failed: its traceback is in the message, which is what a failed category shows."""
 
-    def __init__(self, target, args: tuple, name: str, start_timeout_s: float = TIMEOUT_S):
-        from rltrain.llm.vllm_engine import temporary_environment
+    def __init__(self, message: str, details: str | None = None):
+        super().__init__(message if details is None else f"{message}\n{details}", details)
 
-        ctx = mp.get_context("spawn")
-        self.conn, child = ctx.Pipe()
-        self.name = name
-        self.proc = ctx.Process(target=target, args=(child, *args), name=name, daemon=True)
-        try:
-            with temporary_environment(OMP_NUM_THREADS="1"):  # as VLLMEngine starts its (engine_threads)
-                self.proc.start()
-        finally:
-            child.close()
-        try:
-            self.wait("ready", start_timeout_s)
-        except BaseException:
-            self.close()
-            raise
 
-    def request(self, msg: tuple, answer: str) -> tuple:
-        self.conn.send(msg)
-        return self.wait(answer)
+def spawned(target, args: tuple, who: str) -> ChildProcess:
+    """``target(conn, *args)`` (a ``_serve`` loop) in a spawned process with one OpenMP thread, as
+    VLLMEngine starts its (``engine.threads``), once it is ready."""
+    child = ChildProcess(target, args, who, environment={"OMP_NUM_THREADS": "1"}, error=ProcessFailed)
+    try:
+        child.wait_for("ready", TIMEOUT_S)
+    except BaseException:
+        child.close()
+        raise
+    return child
 
-    def wait(self, answer: str, timeout_s: float = TIMEOUT_S) -> tuple:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            ready = wait([self.conn, self.proc.sentinel], timeout=max(0.0, deadline - time.monotonic()))
-            if self.conn in ready:
-                msg = self.conn.recv()
-                if msg[0] == "doing":
-                    continue
-                if msg[0] == "error":
-                    raise RuntimeError(f"{self.name} failed:\n{msg[1]}")
-                if msg[0] != answer:
-                    raise RuntimeError(f"{self.name} sent {msg[0]!r} while {answer!r} was awaited")
-                return msg
-            if self.proc.sentinel in ready:
-                raise RuntimeError(f"{self.name} died (exit code {self.proc.exitcode})")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{self.name} did not answer {answer!r} within {timeout_s:g} s")
 
-    def close(self) -> None:
-        if self.proc is None:
-            return
-        try:
-            self.conn.send(("close",))
-        except OSError:
-            pass
-        self.proc.join(timeout=10)
-        if self.proc.is_alive():
-            self.proc.kill()
-            self.proc.join(timeout=5)
-        self.conn.close()
-        self.proc = None
+def request(child: ChildProcess, msg: tuple, answer: str) -> tuple:
+    child.send(msg, f"answering {msg[0]!r}")
+    return child.wait_for(answer, TIMEOUT_S)
 
 
 class Server:
-    """A vLLM OpenAI-compatible server on ``source``, started as the README's "A vLLM server of your
+    """A vLLM OpenAI-compatible server on ``source``, started as docs/vllm.md's "A vLLM server of your
     own" says (dev mode, rltrain's worker extension, 127.0.0.1 and a free port), in its own session;
     ``close`` stops its whole process group: SIGTERM, then SIGKILL what is left after STOP_S."""
 
     def __init__(self, source: str, log: Path):
-        from rltrain.llm.vllm_server import server_command
+        from rltrain.llm.vllm.server import server_command
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         self.url, self.log = f"http://127.0.0.1:{port}", log
-        env, argv = server_command(source, port)  # the README's command
+        env, argv = server_command(source, port)  # docs/vllm.md's command
         with open(log, "w") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, *argv[1:]], env={**os.environ, **env, "VLLM_CPU_KVCACHE_SPACE": f"{KV_CACHE_GB:g}"},
                 cwd=ROOT, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def wait_healthy(self, timeout_s: float = TIMEOUT_S) -> str:
-        from rltrain.llm.vllm_server import ServerError, call
+        from rltrain.llm.vllm.server import ServerError, call
 
         deadline = time.monotonic() + timeout_s
         while True:
@@ -422,15 +381,15 @@ def learner_logprobs(learner, ids: list[int]) -> list[float]:
     return torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids[1:])[:, None]).squeeze(-1).tolist()
 
 
-def send_per_tensor(peer: Spawned, weights: dict) -> None:
+def send_per_tensor(peer: ChildProcess, weights: dict) -> None:
     import torch
 
     for name, t in weights.items():
         t = t.contiguous()
-        peer.conn.send(("tensor", name, tuple(t.shape), t.dtype, t.numel() * t.element_size()))
+        peer.send(("tensor", name, tuple(t.shape), t.dtype, t.numel() * t.element_size()), f"loading {name}")
         peer.conn.send_bytes(t.view(-1).view(torch.uint8).numpy())
-        peer.wait("loaded")
-    peer.request(("tensors_done",), "loaded")
+        peer.wait_for("loaded", TIMEOUT_S)
+    request(peer, ("tensors_done",), "loaded")
 
 
 def memory_available() -> int:
@@ -446,9 +405,11 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
 
     from rltrain.llm.model import LanguageModel
     from rltrain.llm.tiny import write_tiny_model
-    from rltrain.llm.vllm_engine import VLLMEngine
-    from rltrain.llm.vllm_server import VLLMServer
-    from rltrain.sync.vllm import VLLMSync, served_weights
+    from rltrain.llm.vllm.engine import VLLMEngine
+    from rltrain.llm.vllm.loading import served_weights
+    from rltrain.llm.vllm.server import VLLMServer
+    from rltrain.llm.vllm.slots import VLLMSlotsSync
+    from rltrain.llm.vllm.transfer import VLLMTransferSync
 
     torch.set_num_threads(ctx.threads)
     judge = not ctx.quick
@@ -480,21 +441,22 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                     table.notes.append(f"{label}: skipped, {memory_available() / 2**30:.1f} GiB available "
                                        f"< {MEMORY_FACTOR} x the weights' {nbytes / 2**30:.2f} GiB")
                 continue
-            scheme, through_gloo = VLLMSync(), VLLMSync(transport="gloo")
+            scheme, through_gloo = VLLMSlotsSync(), VLLMTransferSync(backend="gloo")
             sender, gloo_sender = scheme.sender(learner), through_gloo.sender(learner)
             engine = floor = peer = server = served = gloo = None
             try:
                 server = Server(source, Path(tmp) / "server.log")  # it starts while the engines below do
-                engine = VLLMEngine(source, model.tokenizer(), scheme.receiver(), timeout_s=TIMEOUT_S)
-                gloo = VLLMEngine(source, model.tokenizer(), through_gloo.receiver(), timeout_s=TIMEOUT_S)
+                engine = VLLMEngine(model, scheme.receiver(), timeout_s=TIMEOUT_S)
+                gloo = VLLMEngine(model, through_gloo.receiver(), timeout_s=TIMEOUT_S)
+                gloo_sender.connect(gloo.transfer_client())  # as build does: it also pushes the current weights
                 receiver = scheme.receiver()
-                floor = Spawned(floor_main, (receiver,), "the floor's process")
+                floor = spawned(floor_main, (receiver,), FLOOR_PROCESS)
                 receiver.after_spawn()
                 receiver = scheme.receiver()
-                peer = Spawned(peer_engine_main, (source, receiver), "the per-tensor/file engine")
+                peer = spawned(peer_engine_main, (source, receiver), PEER_PROCESS)
                 receiver.after_spawn()
                 files = [os.path.join(shm, f"weights-{i}.safetensors") for i in range(2)]
-                served = VLLMServer(server.wait_healthy(), model.tokenizer(), scheme.receiver(), timeout_s=TIMEOUT_S)
+                served = VLLMServer(model, scheme.receiver(), url=server.wait_healthy(), timeout_s=TIMEOUT_S)
                 calls = defaultdict(float)  # the server's push, step by step
 
                 def timed_post(path: str, doing: str, body: dict | None = None):
@@ -515,7 +477,7 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                             raise RuntimeError(f"the engine holds version {engine.version}, not {version}")
                     elif method == FLOOR:
                         version = sender.push()
-                        if floor.request(("sync",), "synced")[1] != version:
+                        if request(floor, ("sync",), "synced")[1] != version:
                             raise RuntimeError(f"the floor's process did not load version {version}")
                     elif method == SERVER:
                         calls.clear()
@@ -533,7 +495,7 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                     else:
                         files.reverse()  # TorchRL's double buffer: the file not written last time
                         save_file({name: t.contiguous() for name, t in weights.items()}, files[0])
-                        peer.request(("file", files[0]), "loaded")
+                        request(peer, ("file", files[0]), "loaded")
 
                 samples = {m: [] for m in methods}
                 steps, server_steps = defaultdict(list), defaultdict(list)
@@ -556,7 +518,7 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                     t0 = time.perf_counter()
                     sender.push()
                     pushed = time.perf_counter() - t0
-                    times = peer.request(("profile",), "profiled")[1]
+                    times = request(peer, ("profile",), "profiled")[1]
                     if round_:
                         steps["push (learner)"].append(pushed * 1e3)
                         for key, seconds in times.items():
@@ -575,7 +537,7 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
                 error[GLOO] = (gloo.probe(ids)[0] - expected).abs().max().item()
                 for method in (PER_TENSOR, FILE):
                     step(method)
-                    got = torch.tensor(peer.request(("probe", ids), "probed")[1])
+                    got = torch.tensor(request(peer, ("probe", ids), "probed")[1])
                     error[method] = (got - expected).abs().max().item()
             finally:
                 try:
@@ -602,8 +564,8 @@ def push_tables(ctx, sizes: list[tuple[int, int]], rounds: int) -> list[Table]:
         "floor: the same push into the same shared-memory slots, loaded by a process with no vLLM (a copy_ per "
         "tensor); per tensor: a pipe message and an acknowledged vLLM reload per parameter; file: safetensors in "
         "/dev/shm, loaded by one message; server: the same push, loaded by a vLLM server the benchmark starts as a "
-        "user would, through VLLMServer.sync; gloo: sync.transport=gloo into a second rltrain engine, vLLM's "
-        "transfer API (see the module docstring)",
+        "user would, through VLLMServer.sync; gloo: sync=vllm_transfer sync.backend=gloo into a second rltrain "
+        "engine, vLLM's transfer API (see the module docstring)",
         "max |dlogp|: the engine's log-probs of a fixed sequence against the learner's, after one more load"]
     server_table.notes.append("/pause, /reset_prefix_cache, /resume: the server's endpoints; rltrain_load: the "
                               "worker extension's, through /collective_rpc (VLLMModel.load of the slot it maps via "
@@ -618,9 +580,9 @@ def generation_table(ctx, rounds: int) -> Table:
     from rltrain.llm.model import LanguageModel
     from rltrain.llm.tasks import ReverseDigits
     from rltrain.llm.tiny import tiny_model_dir
-    from rltrain.llm.vllm_engine import VLLMEngine
-    from rltrain.llm.vllm_server import VLLMServer
-    from rltrain.sync.vllm import VLLMSync
+    from rltrain.llm.vllm.engine import VLLMEngine
+    from rltrain.llm.vllm.server import VLLMServer
+    from rltrain.llm.vllm.slots import VLLMSlotsSync
 
     torch.set_num_threads(ctx.threads)
     model = LanguageModel(str(tiny_model_dir()))
@@ -634,18 +596,18 @@ def generation_table(ctx, rounds: int) -> Table:
                   f"top_p 1, max_new_tokens {MAX_NEW_TOKENS}, seed 0 every call), CPU: generated tokens/s, "
                   f"median [p10-p90] of {rounds} rounds", columns, ratio_to="vllm")
     table.notes.append(f"vllm: VLLMEngine.generate (vLLM {_vllm_version()} in its own process, 1 torch thread); "
-                       "server: VLLMServer.generate (the same vLLM as an OpenAI-compatible server, started as the "
-                       "README says: one /v1/completions request per prompt, all in flight together); "
+                       "server: VLLMServer.generate (the same vLLM as an OpenAI-compatible server, started as "
+                       "docs/vllm.md says: one /v1/completions request per prompt, all in flight together); "
                        f"transformers: TransformersEngine.generate in this process, {ctx.threads} torch thread(s)")
-    scheme = VLLMSync()
+    scheme = VLLMSlotsSync()
     sender = scheme.sender(learner)
     samples, ms = {c: [] for c in columns}, {c: [] for c in columns}
     engine = served = None
     with tempfile.TemporaryDirectory(prefix="rltrain-vllm-push-") as tmp:
         server = Server(str(model.source()), Path(tmp) / "server.log")  # it starts while the engine does
         try:
-            engine = VLLMEngine(model.source(), tok, scheme.receiver(), timeout_s=TIMEOUT_S)
-            served = VLLMServer(server.wait_healthy(), tok, scheme.receiver(), timeout_s=TIMEOUT_S)
+            engine = VLLMEngine(model, scheme.receiver(), timeout_s=TIMEOUT_S)
+            served = VLLMServer(model, scheme.receiver(), url=server.wait_healthy(), timeout_s=TIMEOUT_S)
             for round_ in range(1 + rounds):
                 for column, eng in zip(columns, (engine, served, local)):
                     t0 = time.perf_counter()

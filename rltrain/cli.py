@@ -40,7 +40,7 @@ from rltrain.factory import RefusedByLearner, build, serve_rank
 from rltrain.help import config_help
 from rltrain.run_dir import abandon_hydra_dir, log_file, record_invocation, unique_dir
 from rltrain.trainer import result_line
-from rltrain.validate import check_resume_in_sweep
+from rltrain.validate import check_resume_in_sweep, moved_key
 
 EXIT_FAILED, EXIT_REFUSED = 1, 2
 _REFUSED = (ConfigError, CheckpointError, RunDirError)
@@ -235,6 +235,10 @@ def check_command_line(args: list[str]) -> None:
     for arg in args:
         if arg in _RENAMED:
             print(f"rltrain: {arg} is now {_RENAMED[arg]}", file=sys.stderr)
+            sys.exit(EXIT_REFUSED)
+        key = re.fullmatch(r"[+~]*([\w.]+)(=.*)?", arg)
+        if key and "." in key.group(1) and (moved := moved_key(key.group(1))):  # Hydra would say "not in struct"
+            print(f"rltrain: {key.group(1)} {moved}", file=sys.stderr)
             sys.exit(EXIT_REFUSED)
         m = re.fullmatch(r"[+~]*hydra/(launcher|sweeper)=(\w+)", arg)
         package = m and _PLUGINS[m.group(1)].get(m.group(2))

@@ -3,8 +3,9 @@ that wires parts together (a module apart from the package root so that importin
 cheap for spawned collector workers).
 
 Order: validate everything (and read the checkpoint to resume from, if any), then env -> policy
--> algo -> sync -> collector -> loggers -> hooks. If any step fails, whatever was already started
-is closed again.
+-> algo -> sync (scheme, sender) -> engine (its receiver; a language model's run) -> collector ->
+loggers -> hooks. If any step fails, whatever was already started is closed again. What each part is
+given is stated in ``rltrain.wiring``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from hydra.utils import get_class, get_object, instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint, process_groups
@@ -33,43 +34,28 @@ from rltrain.collectors.rank_server import RankServer, report_and_wait
 from rltrain.device import resolve_device
 from rltrain.envs import EnvSpec
 from rltrain.errors import CheckpointError, ConfigError, RunDirError
-from rltrain.llm.rewards import Rewards
 from rltrain.llm.tasks import Task, TaskSpec
 from rltrain.loggers import JsonlLogger
 from rltrain.protocols import Collector
 from rltrain.run_dir import RunDirLock, place
 from rltrain.state import TrainState
-from rltrain.sync.base import WeightReceiver, WeightSender
+from rltrain.sync.base import WeightReceiver, WeightSender, WeightSyncScheme
 from rltrain.sync.distributed import CONTACT_FILE
 from rltrain.sync.shared_mem import SharedMemSync
 from rltrain.trainer import Trainer, summarize, write_summary
-from rltrain.validate import validate
+from rltrain.validate import Checked, validate
+from rltrain.wiring import (
+    ENV_TO_ALGO,
+    WIRING_KEYS,
+    env_maker,
+    plain_partial,
+    runtime,
+    task_rewards,
+    without,
+)
 
 log = logging.getLogger("rltrain")
 _SETUP = "setup"  # rank 0 -> collector ranks: the run dir, weights version and seed (or why it was refused)
-
-# What build() wires, stated once (the config check reads these too). env keys that go to the algo
-# (the learner scales rewards, whichever process stepped the env):
-ENV_TO_ALGO = ("sign_reward", "normalize_reward", "clip_reward")
-# A language task's reward functions (env.rewards: name -> {_target_: function, ...its arguments}) and their
-# weights, which build() turns into one Rewards for the collector and the hooks:
-TASK_REWARDS = ("rewards", "reward_weights", "reward_timeout_s")
-# Keys of a node that build() consumes itself rather than passing to the node's _target_:
-WIRING_KEYS = {"algo": {"network"}, "env": {*ENV_TO_ALGO, *TASK_REWARDS}}
-# The runtime objects build() passes to each group's constructors (by name, to those that ask for
-# them); a config must not set them. Every injection below goes through ``_runtime``, which holds it to this.
-RUNTIME_ARGS = {
-    "env": ("seed",),
-    "algo": ("policy", "total_frames", "device", *ENV_TO_ALGO),
-    "algo.network": ("env_spec",),
-    "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender", "model", "rewards",
-                  "device", "run_dir"),
-    "logger": ("run_dir", "config", "resume"),
-    "hooks": ("policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
-              "config", "hooks", "model", "rewards"),
-    "trainer": ("collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock"),
-}
-
 
 class RefusedByLearner(Exception):
     """Rank 0 refused the run (a config, checkpoint or run-dir error it reported itself)."""
@@ -100,7 +86,7 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
 
 
 def _build(cfg: DictConfig, run_dir: str | Path | None, world: process_groups.World | None) -> Trainer:
-    validate(cfg)
+    checked = validate(cfg)
     resolved = OmegaConf.to_container(cfg, resolve=True)
     placement = place(cfg.get("resume"), resolved, run_dir)
     found = placement.checkpoint
@@ -111,7 +97,7 @@ def _build(cfg: DictConfig, run_dir: str | Path | None, world: process_groups.Wo
         if world is not None:  # every rank uses rank 0's run dir; envs a checkpoint cannot restore start reseeded
             world.store.set(_SETUP, pickle.dumps({"run_dir": str(Path(run_dir).resolve()), "version": restore.version,
                                                   "seed": cfg.seed + restore.frames}))
-        trainer = _build_parts(cfg, resolved, run_dir, lock, restore)
+        trainer = _build_parts(cfg, resolved, run_dir, lock, restore, checked)
     except BaseException as e:
         if not placement.in_place and not isinstance(e, (ConfigError, CheckpointError, RunDirError)):
             # Started, then failed (an env raising on reset, a signal while workers start): say so.
@@ -125,18 +111,20 @@ def _build(cfg: DictConfig, run_dir: str | Path | None, world: process_groups.Wo
 
 
 def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLock,
-                 restore: checkpoint.Restore) -> Trainer:
-    """env -> policy -> algo -> sync -> collector -> loggers -> hooks -> Trainer, each restored
+                 restore: checkpoint.Restore, checked: Checked) -> Trainer:
+    """env -> policy -> algo -> sync -> engine -> collector -> loggers -> hooks -> Trainer, each restored
     from the checkpoint (if any) as it is made; whatever was started is closed if a step fails."""
     _seed_everything(cfg.seed)
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
 
-    make_env, env_spec, make_policy = _env_and_policy(cfg)
-    # A language model's run: the model node and the task's rewards, for the collector and the hooks.
-    model = _construct(cfg.model) if is_language_task(cfg) else None
-    rewards = task_rewards(cfg) if model is not None else None
+    make_env, env_spec, make_policy = _env_and_policy(cfg, checked.task)
+    # A language model's run: the task (the one the config check read), the model node and the task's
+    # rewards, for the engine, the collector and the hooks.
+    task = checked.task
+    model = _construct(cfg.model) if task is not None else None
+    rewards = task_rewards(cfg) if task is not None else None
 
     with ExitStack() as cleanup:
         policy = make_policy().to(device)
@@ -144,7 +132,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         # (clip_reward only with normalize_reward). Logged episode returns stay the env's own.
         reward_scaling = {k: cfg.env[k] for k in ENV_TO_ALGO
                           if k in cfg.env and cfg.env.get("sign_reward" if k == "sign_reward" else "normalize_reward")}
-        algo = _construct(_without(cfg.algo, WIRING_KEYS["algo"]), **_runtime(
+        algo = _construct(without(cfg.algo, WIRING_KEYS["algo"]), **runtime(
             "algo", policy=policy, device=device, total_frames=cfg.trainer.total_frames, **reward_scaling))
         restore.algo(algo, resolved)
         scheme = _construct(cfg.sync)
@@ -153,27 +141,31 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         if (contact := sender.contact()) is not None:  # how a process of the user's own joins (rltrain.sync.listen)
             (run_dir / CONTACT_FILE).write_text(json.dumps(contact) + "\n")
         sender.start()
+        seed = cfg.seed + restore.frames  # a resumed run's collection does not replay the first frames' draws
+        engine = None
+        if task is not None:
+            engine = _build_engine(cfg.engine, scheme, sender, model, make_policy, device, seed, run_dir)
+            cleanup.callback(engine.close)
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
-        collector = _instantiate_with(cfg.collector, **_runtime(
+        collector = _instantiate_with(cfg.collector, **runtime(
             "collector", make_env=make_env, make_policy=make_policy, make_receiver=scheme.receiver, env_spec=env_spec,
-            seed=cfg.seed + restore.frames, sender=sender, model=model, rewards=rewards, device=device,
-            run_dir=run_dir))
+            seed=seed, sender=sender, task=task, engine=engine, model=model, rewards=rewards, device=device))
         cleanup.callback(collector.close)
         restore.collector(collector)
 
         loggers = _build_loggers(cfg, run_dir, resolved, restore, cleanup)
         hooks = {}  # the checkpoint hook saves each hook's state: filled as they are made
-        runtime = _runtime("hooks", policy=policy, sender=sender, sync=scheme, loggers=loggers, device=device,
+        hook_args = runtime("hooks", policy=policy, sender=sender, sync=scheme, loggers=loggers, device=device,
                            make_env=functools.partial(make_env, seed=cfg.seed + 1_000_000), env_spec=env_spec,
-                           run_dir=run_dir, algo=algo, collector=collector, config=resolved, hooks=hooks, model=model,
-                           rewards=rewards)
-        hooks.update((name, _instantiate_with(node, **runtime)) for name, node in (cfg.get("hooks") or {}).items())
+                           run_dir=run_dir, algo=algo, collector=collector, config=resolved, hooks=hooks, task=task,
+                           model=model, rewards=rewards)
+        hooks.update((name, _instantiate_with(node, **hook_args)) for name, node in (cfg.get("hooks") or {}).items())
 
         trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)  # the trainer's keys are its arguments
         if trainer_args.get("stop_at_return") == "auto":
             trainer_args["stop_at_return"] = env_spec.reward_threshold
-        trainer = Trainer(**_runtime("trainer", collector=collector, algo=algo, hooks=hooks, loggers=loggers,
+        trainer = Trainer(**runtime("trainer", collector=collector, algo=algo, hooks=hooks, loggers=loggers,
                                      run_dir=run_dir, max_lag=collector.max_lag, run_dir_lock=lock), **trainer_args)
         restore.trainer(trainer)
         cleanup.pop_all()
@@ -187,7 +179,7 @@ def serve_rank(cfg: DictConfig) -> None:
     log in ``ranks/<rank>.log`` there, then collect for rank 0 until it says stop (or is gone)."""
     world = process_groups.current()
     validate(cfg)
-    config = OmegaConf.to_container(_without(cfg.collector, {"_target_"}), resolve=True)
+    config = OmegaConf.to_container(without(cfg.collector, {"_target_"}), resolve=True)
     timeout_s, envs = config.get("timeout_s", 60.0), config.get("envs_per_rank", 8)
     setup = pickle.loads(process_groups.wait_for_key(world.store, _SETUP, timeout_s))
     if "refused" in setup:
@@ -265,66 +257,47 @@ def _build_loggers(cfg: DictConfig, run_dir: Path, config: dict, restore: checkp
     cleanup.callback(loggers[-1].close)
     for node in (cfg.get("logger") or {}).values():
         resume = restore.logger(get_class(node._target_))
-        loggers.append(_instantiate_with(node, **_runtime("logger", run_dir=run_dir, config=config, resume=resume)))
+        loggers.append(_instantiate_with(node, **runtime("logger", run_dir=run_dir, config=config, resume=resume)))
         cleanup.callback(loggers[-1].close)
     return loggers
 
 
-def _runtime(group: str, **objects) -> dict:
-    """``objects``, the runtime arguments of ``group``'s constructors, if RUNTIME_ARGS states each of
-    them (the config check refuses a config that sets one: the two cannot drift apart)."""
-    unstated = set(objects) - set(RUNTIME_ARGS[group])
-    if unstated:
-        raise TypeError(f"build() injects {', '.join(sorted(unstated))} into {group}: add it to RUNTIME_ARGS")
-    return objects
-
-
-def _env_and_policy(cfg: DictConfig) -> tuple[functools.partial, EnvSpec | TaskSpec, functools.partial]:
+def _env_and_policy(cfg: DictConfig, task: Task | None = None,
+                    ) -> tuple[functools.partial, EnvSpec | TaskSpec, functools.partial]:
     """What makes the env and the policy (plain functools.partial factories of plain values: they pickle
     into spawned worker processes), and the env's spec, read from one env made for it. A language
-    task's "env" is the task (one stream of prompts), and its policy the model of ``cfg.model``."""
+    task's "env" is the task (one stream of prompts: ``task``, made once), and its policy the model of
+    ``cfg.model``."""
     make_env = env_maker(cfg)
-    if is_language_task(cfg):
-        return make_env, make_env().spec, _construct(cfg.model).load
+    if task is not None:
+        return make_env, task.spec, _construct(cfg.model).load
     env_spec = _probe_spec(make_env)
-    return make_env, env_spec, _plain_partial(cfg.algo.network, **_runtime("algo.network", env_spec=env_spec))
+    return make_env, env_spec, plain_partial(cfg.algo.network, **runtime("algo.network", env_spec=env_spec))
 
 
-def env_maker(cfg: DictConfig) -> functools.partial:
-    """What makes ``cfg.env``'s env (a language task: the task), seeded by the run's seed."""
-    return _plain_partial(_without(cfg.env, WIRING_KEYS["env"]), **_runtime("env", seed=cfg.get("seed", 0)))
-
-
-def is_language_task(cfg: DictConfig) -> bool:
-    """Whether ``cfg.env`` is a language task (``rltrain.llm.tasks.Task``): prompts for a language model."""
-    target = cfg.env.get("_target_") if isinstance(cfg.get("env"), DictConfig) else None
-    try:  # get_object, not get_class: get_class logs an error line for a function target (make_envs)
-        cls = get_object(target) if isinstance(target, str) else None
-    except (ImportError, ValueError):  # a target the config check names
-        return False
-    return isinstance(cls, type) and issubclass(cls, Task)
-
-
-def task_rewards(cfg: DictConfig) -> Rewards:
-    """The task's reward functions: each ``env.rewards`` node's function with its other keys bound
-    (the task class's own rewards when the config names none), weighted by ``env.reward_weights``."""
-    nodes = cfg.env.get("rewards")
-    if nodes is None:
-        functions = dict(get_class(cfg.env._target_).REWARDS)
-    else:
-        # Plain functools.partials: a reward function is called for every completion, and Hydra's own
-        # partial would check the target against its policy at each call (10 ms a batch of 128).
-        functions = {name: _plain_partial(node) if isinstance(node, DictConfig) else node
-                     for name, node in nodes.items()}
-    weights = OmegaConf.to_container(cfg.env.reward_weights) if cfg.env.get("reward_weights") else {}
-    return Rewards(functions, weights, timeout_s=cfg.env.get("reward_timeout_s", Rewards.TIMEOUT_S))
-
-
-def _plain_partial(node: DictConfig, **kwargs) -> functools.partial:
-    """``node``'s target with its config values bound, as a plain functools.partial (Hydra's own
-    partial type would make every worker process import Hydra to unpickle it)."""
-    deferred = instantiate(node, _partial_=True, _convert_="all")
-    return functools.partial(deferred.func, *deferred.args, **{**deferred.keywords, **kwargs})
+def _build_engine(node: DictConfig, scheme: WeightSyncScheme, sender: WeightSender, model, make_policy,
+                  device: torch.device, seed: int, run_dir: Path):
+    """The generation engine of ``node`` (``engine=``), fed by a receiver of ``scheme``: the engine binds the
+    receiver to what it generates with; a scheme that pushes into the engine (``DELIVERS: push``) has its
+    sender connected to the engine's ``transfer_client()``, which also pushes the current weights. An
+    engine that asks for ``policy`` gets a copy of the learner's model on ``device``."""
+    receiver = scheme.receiver()
+    objects = {"model": model, "tokenizer": model.tokenizer(), "receiver": receiver, "device": device, "seed": seed,
+               "run_dir": run_dir}
+    if "policy" in inspect.signature(get_class(node._target_)).parameters:
+        objects["policy"] = make_policy().to(device)
+    try:
+        engine = _instantiate_with(node, **runtime("engine", **objects))
+    except BaseException:
+        receiver.close()
+        raise
+    if scheme.DELIVERS == "push":
+        try:
+            sender.connect(engine.transfer_client())
+        except BaseException:
+            engine.close()
+            raise
+    return engine
 
 
 def _probe_spec(make_env) -> EnvSpec:
@@ -350,11 +323,6 @@ def _instantiate_with(node: DictConfig, **runtime):
     params = inspect.signature(partial.func).parameters
     takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
     return partial(**{k: v for k, v in runtime.items() if takes_all or k in params})
-
-
-def _without(node: DictConfig, keys: set[str]) -> DictConfig:
-    """``node`` without ``keys``, its interpolations resolved (``${collector.max_new_tokens}`` points outside it)."""
-    return OmegaConf.create({k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in keys})
 
 
 def _seed_everything(seed: int) -> None:

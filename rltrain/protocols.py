@@ -42,7 +42,7 @@ class Algo(Protocol):
 
 @runtime_checkable
 class Collector(Protocol):
-    """Yields ``[T, N]`` TensorDict batches forever (keys: see the README's "How it fits together").
+    """Yields ``[T, N]`` TensorDict batches forever (keys: see docs/architecture.md, Batches).
 
     Capabilities: ``BATCH_ENVS``, the config keys whose product is the number of envs one batch
     spans (``collector.frames_per_batch`` must be a multiple of it); ``IN_LEARNER_PROCESS``, whether
@@ -50,12 +50,14 @@ class Collector(Protocol):
     such as ``sync=pipe``, cannot reach it); ``ON_OTHER_RANKS``, whether its envs run on the other
     ranks of a torchrun job (then the class has ``check_job(world, config)`` and ``rank_frames(config,
     ranks)``, the frames of one rank's batch, by which build sizes each rank's own collector; and
-    only a sync scheme that ``REACHES_OTHER_RANKS`` can feed it).
+    only a sync scheme that ``REACHES_OTHER_RANKS`` can feed it); ``TASKS``, whether it collects from a
+    language task (prompts) with a generation engine (``engine=``) instead of from gymnasium envs.
     """
 
     BATCH_ENVS: tuple[str, ...] = ()
     IN_LEARNER_PROCESS = False
     ON_OTHER_RANKS = False
+    TASKS = False
 
     max_lag: int | None = None  # the trainer drops batches with frames more versions old than this
 

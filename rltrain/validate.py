@@ -8,7 +8,6 @@ Each part states its own rules (``rltrain.rules``: annotated constructor paramet
 from __future__ import annotations
 
 import difflib
-import heapq
 import importlib
 import importlib.util
 import inspect
@@ -16,6 +15,7 @@ import math
 import re
 import shutil
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,21 +31,24 @@ from rltrain.envs.batched import make_gym_env, resolve_env_spec, spec_from_env
 from rltrain.envs.spaces import flat_leaves
 from rltrain.envs.vector import make_envs
 from rltrain.errors import ConfigError
+from rltrain.llm.engine import Engine
+from rltrain.llm.tasks import Task
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector, missing_members
 from rltrain.rules import Integer, OneOf, Rule, Satisfies, parameter_defaults, parameter_rules
 from rltrain.sync.base import WeightSyncScheme
 from rltrain.trainer import OBJECTIVES, Trainer
+from rltrain.wiring import ENV_TO_ALGO, RUNTIME_ARGS, WIRING_KEYS, env_maker, is_language_task, task_rewards
 
 CONFIGS = Path(__file__).parent / "configs"
 
 # The interface each part's class must have (rltrain.protocols); hooks subclass rltrain.hooks.Hook.
-INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger}
+INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger, "engine": Engine}
 
 # The top level of rltrain's config: its own keys and its config groups (config.yaml). Anything
 # else there is a typo (``+trainer.total_frame=...`` adds a key nothing reads); ``hydra`` is Hydra's.
 TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "objective", "trainer", "algo", "env", "collector", "sync",
-                  "logger", "hooks", "model", "hydra")
+                  "logger", "hooks", "model", "engine", "hydra")
 # The top-level values belong to no part (``device``: _check_device).
 TOP_LEVEL_RULES: dict[str, Rule] = {
     "seed": Integer(0),
@@ -56,14 +59,23 @@ TOP_LEVEL_RULES: dict[str, Rule] = {
 }
 TOKENS = "tokens"  # the action space of an algo that learns language tasks (GRPO.ACTION_SPACES)
 # The parts with a _target_ (logger and hooks: one per name below them); None: may be left out.
-PARTS = {"env": "env", "algo": "algo", "algo.network": None, "collector": "collector", "sync": "sync", "model": None}
+PARTS = {"env": "env", "algo": "algo", "algo.network": None, "collector": "collector", "sync": "sync", "model": None,
+         "engine": None}
 
 
-def validate(cfg: DictConfig) -> None:
-    """Raise ConfigError for the first problem found in ``cfg``."""
-    # What build() injects and consumes itself, as the factory states it (imported here: the factory imports this).
-    from rltrain.factory import ENV_TO_ALGO, RUNTIME_ARGS, WIRING_KEYS, is_language_task
+@dataclass
+class Checked:
+    """What the check made that the run uses as it is (made once per process): a language run's task."""
 
+    task: Task | None = None
+
+
+def validate(cfg: DictConfig) -> Checked:
+    """Raise ConfigError for the first problem found in ``cfg``; what it made, for build()."""
+    for key in sorted(OmegaConf.missing_keys(cfg)):  # ``???`` in an option: a value only the user can give
+        owner = OmegaConf.select(cfg, f"{key.split('.')[0]}._target_", default=None)
+        by = f" by {key.split('.')[0]}={owner.rsplit('.', 1)[-1]}" if owner else ""
+        raise ConfigError(f"{key} is required{by}: give it on the command line, e.g. {key}=...")
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True)
     except OmegaConfBaseException as e:
@@ -84,16 +96,21 @@ def validate(cfg: DictConfig) -> None:
     for name, node in (cfg.get("logger") or {}).items():
         _check_requires(f"logger.{name}", _import_target(f"logger.{name}", node._target_))
     language = is_language_task(cfg)
+    checked = Checked()
     if language:  # before the parts' combinations: those of an algo that cannot learn the task are beside the point
-        _check_task(cfg, parts)
+        checked.task = _check_task(cfg, parts)
     _check_cross(cfg, parts)
     for cls, values in parts.values():  # each part's own combinations of values (rltrain.rules)
         if callable(getattr(cls, "check_config", None)):
             cls.check_config(values, resolved)
     if not language:
         _check_env(cfg)
+        if "engine" in parts:
+            raise ConfigError(f"{_label('engine', parts['engine'][0])} generates completions for a language task, and "
+                              f"env.id={cfg.env.get('id')!r} is a gymnasium env; leave the engine out (~engine)")
     if OmegaConf.select(cfg, "hooks.eval.video", default=False):
         _check_video(cfg)
+    return checked
 
 
 def check_resume_in_sweep(cfg: DictConfig) -> None:
@@ -181,6 +198,10 @@ def _check_part(cfg: DictConfig, path: str, target, owner: str, runtime: Iterabl
             if key in runtime:
                 raise ConfigError(f"{path}.{key} is set by rltrain at build time; remove it from the config")
         allowed = [p for p in params if p not in runtime and p != "self"]
+        moved = getattr(target, "MOVED_KEYS", {})  # keys the class had once: the key that replaced each
+        for key in values:
+            if key in moved and key not in allowed:
+                raise ConfigError(f"{path}.{key} {moved[key]}")
         _check_keys(f"{path}.", values, [*allowed, *wiring], owner, listed=allowed)
     rules = parameter_rules(target)
     for key, value in values.items():
@@ -218,7 +239,7 @@ def _check_cross(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
                           f"{_label('collector', collector)} runs in the learner's process; use sync=shared_mem with "
                           f"it, or collector=lockstep|async with {_label('sync', sync)}")
     _check_job(cfg, collector, sync)
-    _check_engine(cfg, parts)
+    _check_weights(cfg, parts)
     why = capability(algo, Algo, "NEEDS_PUSHES")
     if why and not capability(sync, WeightSyncScheme, "PUSHES"):
         raise ConfigError(f"{_label('algo', algo)} with {_label('sync', sync)}: {why}; use sync=shared_mem")
@@ -254,11 +275,40 @@ def capability(cls: type, interface: type, name: str):
 
 def _label(group: str, cls: type) -> str:
     """``group=option`` for a class one of rltrain's config options builds, else ``group._target_=...``."""
-    for path in sorted((CONFIGS / group).glob("*.yaml")):
-        target = re.search(r"^\s*_target_:\s*(\S+)", path.read_text(), flags=re.M)  # the first: the option's own
-        if target and _import_target(group, target.group(1)) is cls:
+    for path, option in _options(group):
+        if option is cls:
             return f"{group}={path.stem}"
     return f"{group}._target_={cls.__module__}.{cls.__qualname__}"
+
+
+def moved_key(key: str) -> str | None:
+    """What replaced config key ``key`` (``collector.engine``: "is now engine=..."), if a class of rltrain's
+    options of its group had it once (its ``MOVED_KEYS``) and none of them takes it now; else None."""
+    group, _, name = key.rpartition(".")
+    folder = group.replace(".", "/")
+    if not group or not (CONFIGS / folder).is_dir():
+        return None
+    classes = [cls for _, cls in _options(folder)]
+    if any(name in _parameter_names(cls) - set(RUNTIME_ARGS.get(group, ())) for cls in classes):
+        return None
+    return next((cls.MOVED_KEYS[name] for cls in classes if name in getattr(cls, "MOVED_KEYS", {})), None)
+
+
+def _parameter_names(cls) -> set[str]:
+    try:
+        return set(inspect.signature(cls).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def _options(group: str) -> list[tuple[Path, Any]]:
+    """Each of rltrain's config options of ``group`` (its YAML file) and what its ``_target_`` names."""
+    options = []
+    for path in sorted((CONFIGS / group).glob("*.yaml")):
+        target = re.search(r"^\s*_target_:\s*(\S+)", path.read_text(), flags=re.M)  # the first: the option's own
+        if target:
+            options.append((path, _import_target(group, target.group(1))))
+    return options
 
 
 def _check_env(cfg: DictConfig) -> None:
@@ -305,29 +355,25 @@ def _check_env(cfg: DictConfig) -> None:
                               f"constructor takes no {key}); use algo=ppo, or env.{key}=false")
 
 
-def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
-    """A language task: an algo, collector and model for it, reward functions that are functions, a
-    model that loads, and prompts that fit its context with room for the completion."""
-    from rltrain.collectors.generation import GenerationCollector
-    from rltrain.factory import env_maker, task_rewards
-    from rltrain.llm.model import LanguageModel, require_transformers
-
+def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> Task:
+    """A language task: an algo, collector, engine and model for it, reward functions that are functions, a
+    model that loads, and prompts that fit its context with room for the completion. The task, made."""
     env = cfg.env._target_.rsplit(".", 1)[-1]
-    for key in OmegaConf.missing_keys(cfg.env):
-        raise ConfigError(f"env.{key} is required by env={env}: give it on the command line, e.g. env.{key}=...")
     algo = parts["algo"][0]
     if TOKENS not in capability(algo, Algo, "ACTION_SPACES"):
         raise ConfigError(f"env._target_={cfg.env._target_} is a language task (prompts for a language model), which "
                           f"{_label('algo', algo)} cannot learn; use algo=grpo")
     collector = parts["collector"][0]
-    if not (isinstance(collector, type) and issubclass(collector, GenerationCollector)):
+    if not capability(collector, Collector, "TASKS"):
         raise ConfigError(f"the language task {env} needs a collector that generates text; use collector=generation "
                           f"(not {_label('collector', collector)})")
-    if "model" not in parts:
-        raise ConfigError(f"the language task {env} needs a language model, and the config has none; choose one with "
-                          "model=tiny (then model.path=DIR or a hub id)")
-    require_transformers("algo=grpo")
-    model = LanguageModel(**parts["model"][1])
+    for group, choice in (("engine", "engine=transformers (or vllm, vllm_server)"),
+                          ("model", "model=tiny (then model.path=DIR or a hub id)")):
+        if group not in parts:
+            raise ConfigError(f"the language task {env} needs a {'generation engine' if group == 'engine' else group}"
+                              f", and the config has none; choose one with {choice}")
+    model_cls, model_values = parts["model"]
+    model = model_cls(**model_values)
     model.check()
     for name, node in (cfg.env.get("rewards") or {}).items():
         if not isinstance(node, DictConfig) or "_target_" not in node:
@@ -342,136 +388,28 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     for split, split_rows in rows.items():  # each split's columns, as the reward functions read them
         rewards.check_rows(split_rows, task.describe(split))
     prompts = [row["prompt"] for split_rows in rows.values() for row in split_rows]
-    _check_prompt_lengths(model, prompts, parts["collector"][1].get("max_new_tokens", 16))
+    model.check_prompts(prompts, parts["collector"][1].get("max_new_tokens", 16), "collector.max_new_tokens")
+    return task
 
 
-def _check_engine(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
-    """A vLLM engine is installed, fed by sync=vllm, and asked only what it does; sync=vllm has a
-    vLLM engine to feed."""
-    from rltrain.collectors.generation import GenerationCollector
-    from rltrain.sync.vllm import VLLMSync
-
-    collector_cls, collector = parts["collector"]
+def _check_weights(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
+    """The sync scheme delivers weights the way what acts takes them: a generation engine's ``WEIGHTS``, or
+    a collector's policy copies (``module``); a lag only an engine of its own process can generate ahead for."""
     sync = parts["sync"][0]
-    generates = isinstance(collector_cls, type) and issubclass(collector_cls, GenerationCollector)
-    engine = collector.get("engine", "transformers") if generates else None
-    if isinstance(sync, type) and issubclass(sync, VLLMSync):
-        if engine != "vllm":
-            raise ConfigError(f"sync=vllm pushes into a vLLM engine, and {_label('collector', collector_cls)}"
-                              f"{' with collector.engine=' + engine if engine else ''} has none; use algo=grpo "
-                              "collector.engine=vllm with it (and collector.vllm_url for a server of your own), "
-                              "or sync=shared_mem")
-        if parts["sync"][1].get("every", 1) != 1:
-            raise ConfigError(f"sync.every={parts['sync'][1]['every']} with sync=vllm: a resumed run could not give "
-                              "the engine back the weights it held between pushes; use sync.every=1")
-    if not generates:
-        return
-    lag = collector.get("max_lag", 0)
-    if engine != "vllm" and collector.get("vllm_url") is not None:
-        raise ConfigError(f"collector.vllm_url={collector['vllm_url']} with collector.engine={engine}: the server "
-                          "would not be used; add collector.engine=vllm sync=vllm")
-    if engine != "vllm":
-        if lag:
-            raise ConfigError("collector.max_lag > 0 generates the next batch while the learner updates, which only "
-                              "an engine of its own process can; add collector.engine=vllm sync=vllm, or set "
-                              "collector.max_lag=0")
-        return
-    url = collector.get("vllm_url")
-    if url is None and importlib.util.find_spec("vllm") is None:
-        raise ConfigError("collector.engine=vllm needs vLLM, which is not installed: pip install 'rltrain[vllm]' "
-                          "(vLLM's CPU build; on a GPU machine: pip install vllm), or a vLLM server of your own "
-                          "(collector.vllm_url)")
-    if not (isinstance(sync, type) and issubclass(sync, VLLMSync)):
-        raise ConfigError(f"collector.engine=vllm gets its weights only through sync=vllm (not "
-                          f"{_label('sync', sync)}); add sync=vllm")
-    if lag not in (0, 1):
-        raise ConfigError(f"collector.max_lag={lag} with collector.engine=vllm: the collector asks for one batch "
-                          "ahead at most; use 0 (generate, then update) or 1 (generate the next batch meanwhile)")
-    if collector.get("top_p", 1.0) < 1:
-        raise ConfigError(f"collector.top_p={collector['top_p']} with collector.engine=vllm: vLLM reports the "
-                          "log-probs of the cut distribution, the learner those of the whole one; use "
-                          "collector.top_p=1 (or collector.engine=transformers)")
-    transport = parts["sync"][1].get("transport", "shared_mem")
-    _check_transport(transport, resolve_device(cfg.get("device", "auto")), collector)
-    if url is not None:
-        _check_server(url, transport)
-
-
-def _check_transport(transport: str, device: torch.device, collector: dict) -> None:
-    """``sync.transport`` fits the learner's device and where the engine runs."""
-    own_gpu_engine = device.type == "cuda" and collector.get("vllm_url") is None  # rltrain's, beside the learner
-    if own_gpu_engine:
-        from rltrain.collectors.generation import engine_gpu_index
-
-        engine_gpu = engine_gpu_index(device, collector.get("engine_gpu"))
-        if engine_gpu >= torch.cuda.device_count():
-            raise ConfigError(f"collector.engine_gpu={engine_gpu}: this machine has {torch.cuda.device_count()} "
-                              "GPU(s)")
-    if transport == "shared_mem":
-        return
-    if importlib.util.find_spec("vllm") is None:
-        raise ConfigError(f"sync.transport={transport} drives vLLM's weight-transfer API from the learner, and vLLM "
-                          "is not installed here: pip install 'rltrain[vllm]' (on a GPU machine: pip install vllm), "
-                          "or sync.transport=shared_mem")
-    if transport in ("nccl", "ipc") and device.type != "cuda":
-        raise ConfigError(f"sync.transport={transport} moves GPU tensors, and the learner is on {device}: use "
-                          "device=cuda, or sync.transport=shared_mem (or gloo) on the CPU")
-    if not own_gpu_engine:
-        return
-    same = engine_gpu == (device.index or 0)
-    if transport == "nccl" and same:
-        raise ConfigError(f"sync.transport=nccl with rltrain's engine on the learner's GPU ({engine_gpu}): NCCL takes "
-                          "one process per GPU; use sync.transport=ipc, or collector.engine_gpu=<another GPU>")
-    if transport == "ipc" and not same:
-        raise ConfigError(f"sync.transport=ipc with rltrain's engine on GPU {engine_gpu} and the learner on {device}: "
-                          "CUDA IPC shares memory of one GPU; use sync.transport=nccl, or collector.engine_gpu=null")
-
-
-def _check_server(url, transport: str = "shared_mem") -> None:
-    """``collector.vllm_url`` is a URL where a vLLM server answers, in dev mode, with rltrain's worker
-    extension, the log-probs GRPO needs and ``sync.transport``'s backend (asked of it now: a few
-    seconds at most)."""
-    from rltrain.llm.vllm_server import ServerError, check_server
-
-    if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
-        raise ConfigError(f"collector.vllm_url={url!r} is not a URL; give the server's, e.g. "
-                          "collector.vllm_url=http://127.0.0.1:8000 (or null for rltrain's own engine)")
-    try:
-        check_server(url, transport=transport)
-    except ServerError as e:
-        raise ConfigError(str(e)) from None
-
-
-LONGEST_TOKENIZED = 256  # the prompts (the longest by characters) whose tokens the config check counts
-
-
-def _check_prompt_lengths(model, prompts: list[str], max_new_tokens: int) -> None:
-    """``prompts`` (those the task stands by: ``rows_to_check``), as the model reads them: tokens the model has
-    (its special tokens in its vocabulary, no character the tokenizer drops), and, plus the longest
-    completion, within the model's context (the ``LONGEST_TOKENIZED`` longest by characters measured)."""
-    from transformers import AutoConfig
-
-    source = model.source()
-    if not Path(source).is_dir():
-        return  # a hub id: its tokenizer is not here until transformers downloads the model
-    tokenizer = model.tokenizer()
-    config = AutoConfig.from_pretrained(source)
-    model.check_tokenizer(tokenizer, config)
-    model.check_readable(tokenizer, prompts)
-    context = getattr(config, "max_position_embeddings", None)
-    if not context:
-        return
-    # The longest prompts by characters stand for the longest by tokens: tokenizing every row of a large
-    # dataset would make the check as slow as the dataset is large.
-    prompts = heapq.nlargest(LONGEST_TOKENIZED, prompts, key=len)
-    texts = [model.prompt_text(tokenizer, p) for p in prompts]
-    lengths = [len(i) for i in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    longest = max(range(len(texts)), key=lengths.__getitem__)
-    if lengths[longest] + max_new_tokens > context:
-        raise ConfigError(f"a prompt of {lengths[longest]} tokens plus collector.max_new_tokens={max_new_tokens} "
-                          f"exceeds the context of model.path={model.path} ({context} tokens): "
-                          f"{prompts[longest][:80]!r}...; shorten the prompts or lower "
-                          "collector.max_new_tokens")
+    delivers = capability(sync, WeightSyncScheme, "DELIVERS")
+    engine = parts.get("engine", (None,))[0] if is_language_task(cfg) else None  # (else: _check_env's refusal)
+    takes = ("module",) if engine is None else capability(engine, Engine, "WEIGHTS")
+    if delivers not in takes:
+        fits = [f"sync={path.stem}" for path, cls in _options("sync")
+                if capability(cls, WeightSyncScheme, "DELIVERS") in takes]
+        what = _label("engine", engine) if engine is not None else _label("collector", parts["collector"][0])
+        raise ConfigError(f"{_label('sync', sync)} delivers weights as {delivers}, and {what} takes them as "
+                          f"{' or '.join(takes)}; use {' or '.join(fits) or 'a sync scheme that delivers those'}")
+    lag = parts["collector"][1].get("max_lag") if engine is not None else None
+    if lag and not capability(engine, Engine, "GENERATES_AHEAD"):
+        raise ConfigError(f"collector.max_lag={lag} generates the next batch while the learner updates, which "
+                          f"{_label('engine', engine)} cannot (it generates in the learner's process); use "
+                          "engine=vllm (or vllm_server), or collector.max_lag=0")
 
 
 def _env_arguments(cfg: DictConfig) -> tuple[dict, list]:

@@ -1,4 +1,4 @@
-"""A user's own algo, collector and hook that declare their rules the way rltrain's parts do
+"""A user's own algo, collector, hook and generation engine that declare their rules the way rltrain's parts do
 (rltrain.rules): annotated constructor parameters, and ``check_config`` for combinations; and reward
 functions of a language task, some with the faults users meet."""
 
@@ -18,6 +18,7 @@ from rltrain.collectors import LocalCollector
 from rltrain.errors import ConfigError
 from rltrain.hooks import Hook
 from rltrain.hooks.base import EVERY_UPDATE
+from rltrain.llm.engine import Engine, Generated, Sampling
 from rltrain.llm.rewards import correct_answer
 from rltrain.rules import InRange, NonNegativeNumber, OneOf, PositiveInt
 
@@ -93,3 +94,52 @@ def reward_of_numpy_and_torch_types(prompt: str, completion: str, answer: str, *
 def first_row_only(prompt: str, completion: str, id: int, **row) -> float:
     """1 for the row whose ``id`` column is 0, else 0: the eval's mean says how often each row counted."""
     return float(id == 0)
+
+
+class PlainSamplingEngine(Engine):
+    """A user's own generation engine (``engine._target_=tests.parts_for_tests.PlainSamplingEngine``): token by
+    token from the full logits of a model of this process, no cache, no transformers ``generate``. It asks build
+    for what it needs by name (a copy of the learner's model, its tokenizer, the sync scheme's receiver) and
+    says how weights reach it (``WEIGHTS``); ``calls`` counts its generations."""
+
+    WEIGHTS = ("module",)
+
+    def __init__(self, policy, tokenizer, receiver):
+        self.model, self.tokenizer, self.receiver, self.calls = policy, tokenizer, receiver, 0
+        receiver.connect(policy)
+
+    @torch.no_grad()
+    def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
+        self.receiver.poll()
+        self.version, self.calls = self.receiver.version, self.calls + 1
+        tok = self.tokenizer
+        tok.padding_side = "left"
+        encoded = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        prompt_ids = encoded["input_ids"].repeat_interleave(group_size, 0)
+        prompt_mask = encoded["attention_mask"].repeat_interleave(group_size, 0)
+        generator = torch.Generator().manual_seed(seed or 0)
+        ids, mask, logprobs = prompt_ids, prompt_mask, []
+        done = torch.zeros(len(ids), dtype=torch.bool)
+        steps = []
+        for _ in range(sampling.max_new_tokens):
+            positions = (mask.cumsum(1) - 1).clamp_min(0)
+            logits = self.model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float()
+            logp = torch.log_softmax(logits / sampling.policy_temperature, -1)
+            token = (logp.argmax(-1) if sampling.greedy else
+                     torch.multinomial(logp.exp(), 1, generator=generator).squeeze(1))
+            token = token.masked_fill(done, tok.pad_token_id)
+            logprobs.append(logp.gather(1, token[:, None]).squeeze(1).masked_fill(done, 0.0))
+            steps.append(~done)  # a token of the completion: its row had not ended before it
+            ids, mask = torch.cat([ids, token[:, None]], 1), torch.cat([mask, steps[-1].long()[:, None]], 1)
+            done = done | (token == tok.eos_token_id)
+        completion_mask = torch.stack(steps, 1).long()
+        completion = ids[:, prompt_ids.shape[1]:].masked_fill(completion_mask == 0, tok.pad_token_id)
+        texts = [tok.decode(row[m.bool()], skip_special_tokens=True) for row, m in zip(completion, completion_mask)]
+        return Generated(prompt_ids, prompt_mask, completion, completion_mask, torch.stack(logprobs, 1),
+                         ~done, texts, self.version)
+
+
+class PushOnlyEngine(PlainSamplingEngine):
+    """An engine that says it takes pushes only (as an engine behind a weight-transfer API would)."""
+
+    WEIGHTS = ("push",)

@@ -13,7 +13,7 @@ from tests.conftest import CONFIGS, ROOT, make_config, run_cli
 
 DATA = ROOT / "tests" / "data"
 
-GROUPS = ["algo", "env", "collector", "sync", "logger", "hooks", "model"]
+GROUPS = ["algo", "env", "collector", "sync", "logger", "hooks", "model", "engine"]
 # The language-model options (a task, its collector, hooks and model) go with algo=grpo.
 LANGUAGE = ["algo=grpo"]
 
@@ -31,12 +31,18 @@ def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
              ("algo", "sac"): ["env=pendulum"], ("env", "atari"): ["+hooks.eval.max_steps=300"],
              ("env", "atari_loop"): ["+hooks.eval.max_steps=300"], ("env", "arithmetic"): LANGUAGE,
              ("env", "reverse"): LANGUAGE, ("collector", "generation"): LANGUAGE, ("hooks", "llm"): LANGUAGE,
-             ("model", "tiny"): LANGUAGE, ("sync", "vllm"): [*LANGUAGE, "collector.engine=vllm"],
+             ("model", "tiny"): LANGUAGE, ("sync", "vllm"): [*LANGUAGE, "engine=vllm"],
+             ("sync", "vllm_transfer"): [*LANGUAGE, "engine=vllm"], ("engine", "transformers"): LANGUAGE,
+             ("engine", "vllm"): LANGUAGE, ("engine", "vllm_server"): [*LANGUAGE, "engine.url=http://127.0.0.1:9"],
              ("env", "dataset"): [*LANGUAGE, f"env.path={DATA / 'sums.jsonl'}", "env.prompt_key=question"],
              }.get((group, choice), [])
     cfg = make_config(f"{group}={choice}", "trainer.total_frames=512", *extra)
     if (group, choice) == ("collector", "distributed"):  # its collectors are other ranks: tests/test_distributed.py
         with pytest.raises(ConfigError, match="launch with torchrun --nproc-per-node=3"):
+            build(cfg, run_dir=tmp_path)
+        return
+    if (group, choice) == ("engine", "vllm_server"):  # a server of the user's: tests/test_vllm_server.py
+        with pytest.raises(ConfigError, match=r"engine.url=http://127.0.0.1:9: no vLLM server answers there"):
             build(cfg, run_dir=tmp_path)
         return
     trainer = build(cfg, run_dir=tmp_path)

@@ -113,6 +113,6 @@ def test_a_language_model_learns_with_its_engine_on_the_gpu_and_each_push_reache
     summary = trainer.fit()
     assert summary["status"] == "completed" and summary["eval_return"] > 0.9
     # The last push (after the last update, which no batch followed) reaches the engine whole.
-    assert trainer.collector.receiver.poll()
+    assert trainer.collector.engine.receiver.poll()
     learner = named_weights(trainer.algo.policy)
     assert all(torch.equal(t, learner[name]) for name, t in named_weights(engine).items())

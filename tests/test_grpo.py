@@ -67,15 +67,16 @@ def test_truncated_completions_are_masked_or_kept_as_chosen(tmp_path):
     model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
     engine = TransformersEngine(model.load(), model.tokenizer())
     rows = ReverseDigits(length=1).take(4)
-    generated = engine.generate([r["prompt"] for r in rows], 4, Sampling(max_new_tokens=3), seed=0)
+    sampling = Sampling(max_new_tokens=3)
+    generated = engine.generate([r["prompt"] for r in rows], 4, sampling, seed=0)
     assert generated.truncated.all()  # random weights: nothing ends within 3 tokens
-    batch = score(generated, rows, 4, Rewards({"correct": correct_answer}))
+    batch = score(generated, rows, 4, Rewards({"correct": correct_answer}), sampling)
     batch["reward"] = torch.arange(16.0).view(4, 4)  # spread in every group: every advantage is non-zero
 
     def changed(mask_truncated: bool) -> bool:
         policy = model.load()
         before = [p.clone() for p in policy.parameters()]
-        algo = GRPO(policy, total_frames=16, max_new_tokens=3, temperature=1.0, lr=1e-2, mask_truncated=mask_truncated)
+        algo = GRPO(policy, total_frames=16, lr=1e-2, mask_truncated=mask_truncated)
         algo.update(batch)
         return any(not torch.equal(a, b) for a, b in zip(before, policy.parameters()))
 
@@ -94,7 +95,7 @@ def test_one_pass_per_group_prompt_gives_what_a_pass_per_completion_gives(tmp_pa
     assert shared.completion_ids.equal(each.completion_ids) and shared.prompt_mask.equal(each.prompt_mask)
     assert (shared.logprobs - each.logprobs).abs().max() < 1e-5
     batch = score(shared, [{"prompt": p, "answer": "1"} for p in prompts], 4,
-                  Rewards({"correct": correct_answer})).reshape(-1)
+                  Rewards({"correct": correct_answer}), sampling).reshape(-1)
     policy = model.load().train()
     results = []
     for group_size in (1, 4):
@@ -113,14 +114,21 @@ def test_the_learner_scores_tokens_at_the_temperature_they_were_sampled_at(tmp_p
     model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
     engine = TransformersEngine(model.load(), model.tokenizer())
     rows = ReverseDigits(length=3).take(4)
-    generated = engine.generate([r["prompt"] for r in rows], 4, Sampling(temperature=0.7, max_new_tokens=4), seed=1)
-    batch = score(generated, rows, 4, Rewards({"correct": correct_answer})).reshape(-1)
-    kept = batch["completion_mask"].bool()
+    sampling = Sampling(temperature=0.7, max_new_tokens=4)
+    generated = engine.generate([r["prompt"] for r in rows], 4, sampling, seed=1)
+    batch = score(generated, rows, 4, Rewards({"correct": correct_answer}), sampling)
+    assert batch["temperature"].eq(0.7).all() and batch["max_new_tokens"].eq(4).all()  # how it was sampled
+    flat = batch.reshape(-1)
+    kept = flat["completion_mask"].bool()
     with torch.no_grad():
-        at_sampling = token_logprobs(engine.model, batch, 4, temperature=0.7)[0]
-        at_one = token_logprobs(engine.model, batch, 4)[0]
-    assert (at_sampling - batch["log_prob"])[kept].abs().max() < 1e-4  # every ratio starts at 1
-    assert (at_one - batch["log_prob"])[kept].abs().max() > 0.01
+        at_sampling = token_logprobs(engine.model, flat, 4, temperature=0.7)[0]
+        at_one = token_logprobs(engine.model, flat, 4)[0]
+    assert (at_sampling - flat["log_prob"])[kept].abs().max() < 1e-4  # every ratio starts at 1
+    assert (at_one - flat["log_prob"])[kept].abs().max() > 0.01
+    # GRPO takes the temperature from the batch: its first ratios are 1 (the sampler's own log-probs)
+    batch["reward"] = torch.arange(16.0).view(4, 4)
+    metrics = GRPO(model.load(), total_frames=16, lr=1e-2, tis_cap=None).update(batch)
+    assert abs(metrics["grpo/ratio_max"] - 1) < 1e-3 and metrics["grpo/clip_fraction"] == 0
 
 
 def test_every_ratio_starts_at_one_whatever_top_p_and_the_model_s_own_generation_defaults(tmp_path):
@@ -136,7 +144,7 @@ def test_every_ratio_starts_at_one_whatever_top_p_and_the_model_s_own_generation
     engine.model.generation_config.repetition_penalty, engine.model.generation_config.top_k = 1.0, 50
     plain = engine.generate([r["prompt"] for r in rows], 4, sampling, seed=2)
     assert plain.completion_ids.equal(generated.completion_ids)  # drawn by `sampling` alone
-    batch = score(generated, rows, 4, Rewards({"correct": correct_answer})).reshape(-1)
+    batch = score(generated, rows, 4, Rewards({"correct": correct_answer}), sampling).reshape(-1)
     with torch.no_grad():
         learner = token_logprobs(engine.model, batch, 4, temperature=0.8)[0]
     kept = batch["completion_mask"].bool()
@@ -150,16 +158,16 @@ def sampled(tmp_path):
     model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
     engine = TransformersEngine(model.load(), model.tokenizer())
     rows = ReverseDigits(length=2).take(4)
-    generated = engine.generate([r["prompt"] for r in rows], 4, Sampling(max_new_tokens=3), seed=0)
-    batch = score(generated, rows, 4, Rewards({"correct": correct_answer}))
+    sampling = Sampling(max_new_tokens=3)
+    generated = engine.generate([r["prompt"] for r in rows], 4, sampling, seed=0)
+    batch = score(generated, rows, 4, Rewards({"correct": correct_answer}), sampling)
     batch["reward"] = torch.arange(16.0).view(4, 4)
     return model, batch
 
 
 def step(policy, batch, **algo) -> tuple[list[torch.Tensor], dict[str, float]]:
     """The gradient of ``policy``'s last pass of one GRPO update (unclipped: as the loss gives it), and the metrics."""
-    metrics = GRPO(policy, total_frames=16, max_new_tokens=3, temperature=1.0, lr=1e-2, max_grad_norm=1e9,
-                   **algo).update(batch)
+    metrics = GRPO(policy, total_frames=16, lr=1e-2, max_grad_norm=1e9, **algo).update(batch)
     return [p.grad.clone() for p in policy.parameters()], metrics
 
 

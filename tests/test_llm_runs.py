@@ -4,6 +4,7 @@ model dir, and bad input refused before anything loads, in one line naming the k
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import signal
 
@@ -14,7 +15,7 @@ from rltrain import build, checkpoint
 from rltrain.errors import ConfigError, RunError
 from rltrain.llm.tiny import write_tiny_model
 from rltrain.validate import validate
-from tests.conftest import make_config, run_cli, without_package
+from tests.conftest import ROOT, make_config, run_cli, without_package
 from tests.test_outputs import read_jsonl
 from tests.test_run_management import learning_rows, signal_at
 
@@ -151,7 +152,7 @@ def test_lora_trains_the_adapters_only_and_writes_the_merged_model_and_the_adapt
     assert all(torch.equal(learner[k], v) for k, v in base_before.items())  # the base never moves
     adapters = {k for k in learner if "lora_B" in k}
     assert adapters and any(learner[k].abs().sum() > 0 for k in adapters)  # the adapters learned (B starts at 0)
-    assert trainer.collector.receiver.poll()  # the push after the last update (no batch came after it)
+    assert trainer.collector.engine.receiver.poll()  # the push after the last update (no batch came after it)
     engine = named_weights(trainer.collector.engine.model)
     assert all(torch.equal(engine[k], learner[k]) for k in learner)  # adapters and all
     row = read_jsonl(tmp_path / "run/metrics.jsonl")[-1]
@@ -194,3 +195,44 @@ def test_the_chat_template_wraps_each_prompt_unless_turned_off(chat_template, tm
         trainer.run_dir_lock.release()
     prompt = tokenizer.decode(batch["prompt_ids"][0, 0], skip_special_tokens=True)
     assert prompt == ("<user>reverse 6:<assistant>" if chat_template else "reverse 6:"), prompt
+
+
+def test_an_engine_of_your_own_is_a_target_away_and_learns_the_one_token_task(tmp_path):
+    from tests.parts_for_tests import PlainSamplingEngine
+    from tests.test_grpo import ONE_TOKEN
+
+    trainer = build(make_config(*ONE_TOKEN, "engine._target_=tests.parts_for_tests.PlainSamplingEngine"),
+                    run_dir=tmp_path / "run")
+    engine = trainer.collector.engine
+    summary = trainer.fit()
+    assert isinstance(engine, PlainSamplingEngine) and engine.calls == summary["frames"] // 128  # every batch its own
+    assert summary["status"] == "completed" and summary["eval_return"] > 0.9  # from chance (1 in 10 digits)
+    assert read_jsonl(tmp_path / "run/metrics.jsonl")[0]["reward/mean"] < 0.2
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (("engine._target_=tests.parts_for_tests.PushOnlyEngine",),
+     "sync=shared_mem delivers weights as module, and engine._target_=tests.parts_for_tests.PushOnlyEngine takes "
+     "them as push; use sync=vllm_transfer"),
+    (("engine._target_=tests.parts_for_tests.KLPenaltyPPO",),
+     "engine._target_=tests.parts_for_tests.KLPenaltyPPO lacks version, generate_s, generate, submit, collect, "
+     "transfer_client, close of rltrain's Engine interface; add them (see rltrain.llm.engine.Engine"),
+    (("~engine",), "the language task ReverseDigits needs a generation engine, and the config has none; "
+                       "choose one with engine=transformers"),
+])
+def test_an_engine_of_your_own_gets_the_checks_rltrain_s_own_get(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        validate(make_config("algo=grpo", *overrides))
+
+
+def test_a_dataset_task_is_read_once_for_the_check_the_collector_and_the_eval_hook(tmp_path, monkeypatch):
+    from rltrain.llm import tasks
+
+    reads = []
+    read_rows = tasks._read_rows
+    monkeypatch.setattr(tasks, "_read_rows", lambda *args: reads.append(args[0]) or read_rows(*args))
+    data = ROOT / "tests" / "data" / "sums.jsonl"
+    summary = build(make_config(*SHORT, "env=dataset", f"env.path={data}", "env.prompt_key=question",
+                                "trainer.total_frames=64"), run_dir=tmp_path / "run").fit()
+    assert summary["status"] == "completed" and "eval_return" in summary
+    assert reads == [str(data)]  # one task, made by the config check, used by the run

@@ -157,7 +157,7 @@ def test_a_pipe_push_to_a_dead_worker_fails_at_once_naming_it(no_leftovers):
         with collector:
             next(iter(collector))
             os.kill(collector.pool.pids[1], signal.SIGKILL)
-            collector.pool._procs[1].join(timeout=10)
+            collector.pool._children[1].process.join(timeout=10)
             from rltrain.errors import SyncError
 
             started = time.monotonic()

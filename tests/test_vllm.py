@@ -1,5 +1,5 @@
-"""``collector.engine=vllm`` with ``sync=vllm``: a real vLLM engine (the CPU build) in a process of its
-own, serving the tiny model. Engines start in seconds but each costs a process: the tests share one
+"""``engine=vllm`` with ``sync=vllm`` (and ``sync=vllm_transfer``): a real vLLM engine (the CPU build) in a
+process of its own, serving the tiny model. Engines start in seconds but each costs a process: the tests share one
 where they can."""
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from rltrain.factory import build
 from rltrain.llm.engine import Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.tiny import write_tiny_model
-from rltrain.sync import VLLMSync
+from rltrain.llm.vllm.slots import VLLMSlotsSync
+from rltrain.llm.vllm.transfer import VLLMTransferSync
 from rltrain.validate import validate
 from tests.conftest import ROOT, make_config, run_cli, without_package
 from tests.test_grpo import ONE_TOKEN
@@ -35,7 +36,7 @@ if importlib.util.find_spec("vllm") is None:
         raise RuntimeError("vLLM is not installed, but the suite's install has it (pip install -e '.[dev,vllm]')")
     pytest.skip("vLLM is not installed (pip install 'rltrain[vllm]')", allow_module_level=True)
 
-VLLM = ("collector.engine=vllm", "sync=vllm")
+VLLM = ("engine=vllm",)  # it chooses sync=vllm
 _OMP_BEFORE = os.environ.get("OMP_NUM_THREADS")
 PROMPTS = ["reverse 4:", "3+5=", "sort 93:"]
 GREEDY = Sampling(max_new_tokens=6, greedy=True)
@@ -60,17 +61,29 @@ def _left_behind(tag: str) -> list[int]:
     return found
 
 
+def scheme_of(transport: str):
+    """``sync=vllm`` (``shared_mem``: the slots) or ``sync=vllm_transfer`` with that backend."""
+    return VLLMSlotsSync() if transport == "shared_mem" else VLLMTransferSync(backend=transport)
+
+
+def connected(scheme, sender, engine):
+    """What build does once the engine runs: a scheme that pushes into it joins it (and pushes the weights)."""
+    if scheme.DELIVERS == "push":
+        sender.connect(engine.transfer_client())
+    return engine
+
+
 @pytest.fixture(scope="module", params=["shared_mem", "gloo"])
 def served(request, tmp_path_factory):
-    """A learner (the tiny model), its sync=vllm sender (each ``sync.transport`` that runs on the CPU), and
-    a vLLM engine on the same model dir."""
-    from rltrain.llm.vllm_engine import VLLMEngine
+    """A learner (the tiny model), its sync=vllm sender (or sync=vllm_transfer's, each backend that runs on
+    the CPU), and a vLLM engine on the same model dir."""
+    from rltrain.llm.vllm.engine import VLLMEngine
 
     model = LanguageModel(str(write_tiny_model(tmp_path_factory.mktemp("model") / "tiny")))
     learner = model.load()
-    scheme = VLLMSync(transport=request.param)
+    scheme = scheme_of(request.param)
     sender = scheme.sender(learner)
-    engine = VLLMEngine(model.source(), model.tokenizer(), scheme.receiver(), timeout_s=60)
+    engine = connected(scheme, sender, VLLMEngine(model, scheme.receiver(), timeout_s=60))
     yield model, learner, sender, engine
     engine.close()
     sender.close()
@@ -100,7 +113,7 @@ def test_pushed_weights_arrive_checked_by_the_engine_and_change_its_generation(s
     import psutil
 
     model, learner, sender, engine = served
-    # one OpenMP thread (collector.engine_threads): vLLM's default spins on every core, and beside a busy
+    # one OpenMP thread (engine.threads): vLLM's default spins on every core, and beside a busy
     # learner it generated 10-15x slower (benchmarks/RESULTS.md); the learner's own setting is left alone
     assert psutil.Process(engine.pid).environ().get("OMP_NUM_THREADS") == "1"
     assert os.environ.get("OMP_NUM_THREADS") == _OMP_BEFORE
@@ -181,21 +194,21 @@ def test_sampled_log_probs_are_the_learner_s_and_a_seed_repeats_a_batch(served):
 def test_a_learner_whose_weights_vllm_cannot_take_is_refused_naming_them(tmp_path, learner, message):
     import psutil
 
-    from rltrain.llm.vllm_engine import VLLMEngine
+    from rltrain.llm.vllm.engine import VLLMEngine
 
     served_dir = write_tiny_model(tmp_path / "served")  # a Qwen2 (biases on q, k, v); a Llama has none
     other = LanguageModel(str(write_tiny_model(tmp_path / "other", **learner))).load()
-    scheme = VLLMSync()
+    scheme = VLLMSlotsSync()
     scheme.sender(other)
     before = set(psutil.Process().children())
     with pytest.raises(CollectorError, match=r"do not fit the engine's model: " + message):
-        VLLMEngine(str(served_dir), LanguageModel(str(served_dir)).tokenizer(), scheme.receiver(), timeout_s=60)
+        VLLMEngine(LanguageModel(str(served_dir)), scheme.receiver(), timeout_s=60)
     assert not [p for p in set(psutil.Process().children()) - before
                 if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # the engine is gone
 
 
 def test_a_lora_learner_reaches_the_engine_merged(tmp_path):
-    from rltrain.llm.vllm_engine import VLLMEngine
+    from rltrain.llm.vllm.engine import VLLMEngine
 
     model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")), lora_rank=4)
     learner = model.load()
@@ -203,9 +216,9 @@ def test_a_lora_learner_reaches_the_engine_merged(tmp_path):
         for name, p in learner.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.5)
-    scheme = VLLMSync()
+    scheme = VLLMSlotsSync()
     scheme.sender(learner)
-    engine = VLLMEngine(model.source(), model.tokenizer(), scheme.receiver(), timeout_s=60)
+    engine = VLLMEngine(model, scheme.receiver(), timeout_s=60)
     try:
         ids = model.tokenizer()("reverse 123: 321", add_special_tokens=False)["input_ids"]
         merged = LanguageModel.merged(learner)
@@ -225,10 +238,10 @@ def test_the_single_token_task_learns_through_vllm_generating_one_push_behind(tm
     learns_one_push_behind(tmp_path / "run")
 
 
-def learns_one_push_behind(run_dir, *overrides: str) -> None:
+def learns_one_push_behind(run_dir, *overrides: str, engine: tuple[str, ...] = VLLM) -> None:
     """The single-token task, through vLLM one push behind: from chance to near perfect in 19,200
     completions, with the lag corrected."""
-    summary = build(make_config(*ONE_TOKEN, *VLLM, "collector.max_lag=1", *overrides), run_dir=run_dir).fit()
+    summary = build(make_config(*ONE_TOKEN, *engine, "collector.max_lag=1", *overrides), run_dir=run_dir).fit()
     rows = read_jsonl(run_dir / "metrics.jsonl")
     assert summary["status"] == "completed" and summary["frames"] == 19200
     assert rows[0]["reward/mean"] < 0.2, rows[0]  # chance, from random weights
@@ -270,8 +283,8 @@ def test_an_engine_killed_mid_run_fails_the_run_naming_it(tmp_path, transport):
         engine.extend(p for p in psutil.Process(run.pid).children() if "spawn_main" in " ".join(p.cmdline()))
         engine[0].kill()
 
-    err = fails_when_killed_mid_run(tmp_path, kill_engine, f"sync.transport={transport}",
-                                    env={"RLTRAIN_TEST_TAG": tag})
+    sync = ["sync=vllm"] if transport == "shared_mem" else ["sync=vllm_transfer", f"sync.backend={transport}"]
+    err = fails_when_killed_mid_run(tmp_path, kill_engine, *sync, env={"RLTRAIN_TEST_TAG": tag})
     # mid-generation or mid-push (gloo: most of a step is pushes), the engine is named, not waited for
     assert f"the vLLM engine (pid {engine[0].pid}) died (killed by SIGKILL) while" in err, err[-2000:]
     assert not _left_behind(tag) and _shm() <= shm
@@ -285,11 +298,12 @@ def assert_once_each(log: str, source: str) -> None:
     assert "Failed to load weights" not in log
 
 
-def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None = None) -> str:
+def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None = None,
+                              engine: tuple[str, ...] = VLLM) -> str:
     """Start a long vLLM run, ``kill(run)`` (its Popen) once it has logged, and return its stderr once it
     has failed, as a CollectorError."""
-    run = subprocess.Popen([sys.executable, "-m", "rltrain", *SHORT, *VLLM, "trainer.total_frames=1000000",
-                            "collector.timeout_s=60", "hydra.run.dir=run", *overrides], cwd=tmp_path,
+    run = subprocess.Popen([sys.executable, "-m", "rltrain", *SHORT, *engine, "trainer.total_frames=1000000",
+                            "engine.timeout_s=60", "hydra.run.dir=run", *overrides], cwd=tmp_path,
                            env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -315,17 +329,25 @@ def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None 
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (("algo=grpo", "collector.engine=vllm"), "collector.engine=vllm gets its weights only through sync=vllm"),
-    (("algo=grpo", "sync=vllm"), "sync=vllm pushes into a vLLM engine, and collector=generation with "
-                                 "collector.engine=transformers has none"),
-    (("sync=vllm",), "sync=vllm pushes into a vLLM engine, and collector=local has none"),  # CartPole
-    (("algo=grpo", "collector.max_lag=1"), "collector.max_lag > 0 generates the next batch while the learner"),
-    (("algo=grpo", *VLLM, "collector.max_lag=2"), "collector.max_lag=2 with collector.engine=vllm"),
-    (("algo=grpo", *VLLM, "collector.top_p=0.9"), "collector.top_p=0.9 with collector.engine=vllm"),
-    (("algo=grpo", *VLLM, "sync.every=2"), "sync.every=2 with sync=vllm"),
-    (("algo=grpo", *VLLM, "sync.transport=nccl"), "sync.transport=nccl moves GPU tensors, and the learner is on cpu"),
-    (("algo=grpo", *VLLM, "sync.transport=ipc"), "sync.transport=ipc moves GPU tensors"),
-    (("algo=grpo", *VLLM, "sync.transport=tcp"), "sync.transport"),
+    (("algo=grpo", *VLLM, "sync=shared_mem"), "sync=shared_mem delivers weights as module, and engine=vllm takes "
+                                               "them as snapshot or push; use sync=vllm or sync=vllm_transfer"),
+    (("algo=grpo", "sync=vllm"), "sync=vllm delivers weights as snapshot, and engine=transformers takes them as "
+                                 "module; use sync=distributed or sync=none or sync=pipe or sync=shared_mem"),
+    (("sync=vllm",), "sync=vllm delivers weights as snapshot, and collector=local takes them as module"),  # CartPole
+    (("engine=transformers",), "engine=transformers generates completions for a language task"),  # CartPole
+    (("algo=grpo", "collector.max_lag=1"), "collector.max_lag=1 generates the next batch while the learner updates, "
+                                           "which engine=transformers cannot"),
+    (("algo=grpo", *VLLM, "collector.max_lag=2"), "collector.max_lag must be 0 (generate, then update) or 1"),
+    (("algo=grpo", *VLLM, "collector.top_p=0.9"), "collector.top_p=0.9 with a vLLM engine"),
+    (("algo=grpo", *VLLM, "+sync.every=2"), "sync.every is no key of sync=vllm"),
+    (("algo=grpo", *VLLM, "+sync.transport=gloo"), "sync.transport is now the scheme itself"),
+    (("algo=grpo", *VLLM, "sync=vllm_transfer", "sync.backend=nccl"),
+     "sync.backend=nccl moves GPU tensors, and the learner is on cpu"),
+    (("algo=grpo", *VLLM, "sync=vllm_transfer", "sync.backend=ipc"), "sync.backend=ipc moves GPU tensors"),
+    (("algo=grpo", *VLLM, "sync=vllm_transfer", "sync.backend=tcp"), "sync.backend"),
+    (("algo=grpo", "+collector.vllm_url=http://127.0.0.1:8000"),
+     "collector.vllm_url is now engine=vllm_server engine.url=URL"),
+    (("algo=grpo", "+algo.temperature=0.5"), "algo.temperature is now collector.temperature"),
 ])
 def test_an_engine_and_a_sync_that_do_not_go_together_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):
@@ -334,10 +356,11 @@ def test_an_engine_and_a_sync_that_do_not_go_together_are_refused(overrides, mes
 
 def test_without_vllm_the_pip_install_is_named(monkeypatch):
     without_package(monkeypatch, "vllm")
-    with pytest.raises(ConfigError, match=r"collector.engine=vllm needs vLLM, which is not installed: "
+    with pytest.raises(ConfigError, match=r"engine=vllm needs vLLM, which is not installed: "
                                           r"pip install 'rltrain\[vllm\]'"):
         validate(make_config("algo=grpo", *VLLM))
     # a server of the user's needs no vLLM beside the learner, unless the learner drives vLLM's transfer API
-    with pytest.raises(ConfigError, match=r"sync.transport=gloo drives vLLM's weight-transfer API from the learner, "
+    with pytest.raises(ConfigError, match=r"sync=vllm_transfer drives vLLM's weight-transfer API from the learner, "
                                           r"and vLLM is not installed here"):
-        validate(make_config("algo=grpo", *VLLM, "collector.vllm_url=http://127.0.0.1:8000", "sync.transport=gloo"))
+        validate(make_config("algo=grpo", "engine=vllm_server", "engine.url=http://127.0.0.1:8000",
+                             "sync=vllm_transfer"))

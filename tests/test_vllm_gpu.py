@@ -1,6 +1,7 @@
-"""``collector.engine=vllm`` with ``device=cuda``: rltrain's engine on a GPU, each ``sync.transport`` that
-runs there (``nccl`` needs a second GPU). Runs only where torch sees a GPU and vLLM's GPU build is
-installed; the CPU tests (``test_vllm.py``) cover the same calls with ``shared_mem`` and ``gloo``."""
+"""``engine=vllm`` with ``device=cuda``: rltrain's engine on a GPU, fed by ``sync=vllm`` and each
+``sync=vllm_transfer`` backend that runs there (``nccl`` needs a second GPU). Runs only where torch sees a
+GPU and vLLM's GPU build is installed; the CPU tests (``test_vllm.py``) cover the same calls with the slots
+and ``gloo``."""
 
 from __future__ import annotations
 
@@ -13,8 +14,7 @@ import torch
 from rltrain.llm.engine import Sampling
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.tiny import write_tiny_model
-from rltrain.sync import VLLMSync
-from tests.test_vllm import PROMPTS, _force, _learner_probe
+from tests.test_vllm import PROMPTS, _force, _learner_probe, connected, scheme_of
 
 if not torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
     pytest.skip("needs a GPU and vLLM's GPU build (pip install vllm)", allow_module_level=True)
@@ -24,14 +24,14 @@ TRANSPORTS = ["shared_mem", "ipc"] + (["nccl"] if torch.cuda.device_count() > 1 
 
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_pushes_reach_a_gpu_engine_checked_where_they_land(tmp_path, transport):
-    from rltrain.llm.vllm_engine import VLLMEngine
+    from rltrain.llm.vllm.engine import VLLMEngine
 
     model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
     learner = model.load().to("cuda:0")
-    scheme = VLLMSync(transport=transport)
+    scheme = scheme_of(transport)
     sender = scheme.sender(learner)
-    engine = VLLMEngine(model.source(), model.tokenizer(), scheme.receiver(), timeout_s=300,
-                        gpu=1 if transport == "nccl" else 0, gpu_memory=0.3)
+    engine = connected(scheme, sender, VLLMEngine(model, scheme.receiver(), device="cuda:0", timeout_s=300,
+                                                  gpu=1 if transport == "nccl" else 0, gpu_memory=0.3))
     tokenizer = model.tokenizer()
     ids = tokenizer("reverse 123: 321", add_special_tokens=False)["input_ids"]
     original = {k: v.clone() for k, v in learner.state_dict().items()}

@@ -1,4 +1,4 @@
-"""``collector.vllm_url``: a vLLM server the user runs (vLLM's OpenAI-compatible server, the CPU build,
+"""``engine=vllm_server``: a vLLM server the user runs (vLLM's OpenAI-compatible server, the CPU build,
 in dev mode with rltrain's worker extension), serving the tiny model; rltrain generates through it
 and pushes into it. One server for the module (it takes about a minute to start); the test that
 kills it runs last."""
@@ -20,17 +20,9 @@ from rltrain.errors import CollectorError, ConfigError, SyncError
 from rltrain.llm.engine import Sampling, TransformersEngine
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.tiny import write_tiny_model
-from rltrain.llm.vllm_server import (
-    ClaimLedger,
-    ServerError,
-    VLLMServer,
-    call,
-    check_server,
-    holder,
-    server_command,
-)
+from rltrain.llm.vllm.claim import ClaimLedger, holder
+from rltrain.llm.vllm.server import ServerError, VLLMServer, call, check_server, server_command
 from rltrain.run_dir import RunDirLock
-from rltrain.sync import VLLMSync
 from rltrain.validate import validate
 from tests.conftest import make_config, run_cli
 from tests.test_distributed import free_port
@@ -39,14 +31,15 @@ from tests.test_run_management import learning_rows, signal_at
 from tests.test_vllm import (
     GREEDY,
     PROMPTS,
-    VLLM,
     _force,
     _learner_probe,
     _left_behind,
     _shm,
     assert_once_each,
+    connected,
     fails_when_killed_mid_run,
     learns_one_push_behind,
+    scheme_of,
 )
 
 SERVER_START_S = 600  # a loaded 2-core machine; about 40 s on an idle one
@@ -54,13 +47,13 @@ SERVER_START_S = 600  # a loaded 2-core machine; about 40 s on an idle one
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    """A vLLM server on the tiny model, started as the README says (its own session: it is the user's),
+    """A vLLM server on the tiny model, started as docs/vllm.md says (its own session: it is the user's),
     stopped with its whole process group at the end: its URL, model dir, process and log."""
     here, shm = tmp_path_factory.mktemp("server"), _shm()
     model = write_tiny_model(here / "tiny")
     port = free_port()
     url, log = f"http://127.0.0.1:{port}", here / "server.log"
-    env, argv = server_command(model, port, transport="gloo")  # the README's command; it takes either transport
+    env, argv = server_command(model, port, backend="gloo")  # docs/vllm.md's command; it takes either scheme
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, *argv[1:]], env={**os.environ, **env, "RLTRAIN_TEST_TAG": str(here)},
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -110,9 +103,18 @@ def _healthy(url: str) -> bool:
 def _connected(url: str, model_dir, learner=None, transport: str = "shared_mem", run_dir=None):
     model = LanguageModel(str(model_dir))
     learner = model.load() if learner is None else learner
-    scheme = VLLMSync(transport=transport)
+    scheme = scheme_of(transport)
     sender = scheme.sender(learner)
-    return model, learner, sender, VLLMServer(url, model.tokenizer(), scheme.receiver(), timeout_s=120, run_dir=run_dir)
+    engine = VLLMServer(model, scheme.receiver(), url=url, timeout_s=120, run_dir=run_dir)
+    try:
+        return model, learner, sender, connected(scheme, sender, engine)
+    except BaseException:
+        engine.close()
+        raise
+
+
+def _server(url: str) -> tuple[str, str]:
+    return "engine=vllm_server", f"engine.url={url}"
 
 
 @pytest.mark.parametrize("transport", ["shared_mem", "gloo"])
@@ -176,13 +178,13 @@ def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, 
                                              r"learner's model\.embed_tokens\.weight \(\d+, 96\)"):
         _connected(url, model_dir, wider, transport="gloo")
     assert call(url, "/is_paused")["is_paused"] is False
-    with pytest.raises(ServerError, match=re.escape("with sync.transport=ipc: the server takes no ipc weight "
+    with pytest.raises(ServerError, match=re.escape("with sync.backend=ipc: the server takes no ipc weight "
                                                     "transfer (its backend: rltrain_gloo); restart it with "
                                                     "--weight-transfer-config '{\"backend\":\"ipc\"}'")):
-        check_server(url, transport="ipc")
+        check_server(url, backend="ipc")
     with pytest.raises(CollectorError, match=r"the server computes in torch.float32, the learner in bfloat16 "
                                              r"\(model.dtype\); restart the server with --dtype bfloat16"):
-        VLLMServer(url, None, None, dtype="bfloat16")
+        VLLMServer(LanguageModel(str(model_dir), dtype="bfloat16"), None, url=url)
     model, learner, sender, engine = _connected(url, model_dir)  # the server is as it was: the right one loads
     try:
         ids = model.tokenizer()("3+5=8", add_special_tokens=False)["input_ids"]
@@ -196,13 +198,14 @@ def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, 
 def test_the_single_token_task_learns_through_the_user_s_server_one_push_behind(server, tmp_path, transport):
     # gloo: each push waits for the batch in flight, then pauses the server around vLLM's transfer calls
     url, _, proc, _ = server
-    learns_one_push_behind(tmp_path / "run", f"collector.vllm_url={url}", f"sync.transport={transport}")
+    sync = ["sync=vllm"] if transport == "shared_mem" else ["sync=vllm_transfer", f"sync.backend={transport}"]
+    learns_one_push_behind(tmp_path / "run", *sync, engine=_server(url))
     assert proc.poll() is None and _healthy(url)  # the user's server goes on after the run
 
 
 def test_a_run_through_the_server_stopped_by_sigterm_resumes_as_if_never_stopped(server, tmp_path):
     url, *_, log = server
-    lagged = (*SHORT, *VLLM, f"collector.vllm_url={url}", "collector.max_lag=1")
+    lagged = (*SHORT, *_server(url), "collector.max_lag=1")
     full = run_cli(*lagged, "hydra.run.dir=outputs/full", cwd=tmp_path)
     assert full.returncode == 0, full.stderr
     stopped = run_cli(*lagged, *signal_at(100), "hydra.run.dir=outputs/split", cwd=tmp_path)
@@ -213,7 +216,7 @@ def test_a_run_through_the_server_stopped_by_sigterm_resumes_as_if_never_stopped
     assert resumed.returncode == 0, resumed.stderr
     assert learning_rows(tmp_path / "outputs/split") == learning_rows(tmp_path / "outputs/full")
     # the server's worker logs vLLM's lines of an in-place reload once, not at every push (these runs pushed 16
-    # times); the rest of a push's lines are the server's own (the README says which)
+    # times); the rest of a push's lines are the server's own (docs/vllm.md says which)
     assert_once_each(log.read_text(), "layerwise.py")
 
 
@@ -223,7 +226,7 @@ def _rpc(url: str, method: str, *args: str) -> dict:
 
 def test_a_server_serves_one_run_at_a_time_and_names_the_run_holding_it(server, tmp_path):
     url, model_dir, *_ = server
-    check = make_config("algo=grpo", *VLLM, f"collector.vllm_url={url}")
+    check = make_config("algo=grpo", *_server(url))
     lock = RunDirLock.acquire(tmp_path / "first")  # as build() holds its run dir, and names it to the server
     model, learner, sender, first = _connected(url, model_dir, run_dir=tmp_path / "first")
     try:
@@ -284,30 +287,29 @@ def test_a_claim_lasts_while_its_holder_lives_here_or_renews_it_from_elsewhere()
 
 
 @pytest.mark.parametrize(("url", "message"), [
-    ("localhost:8000", "collector.vllm_url='localhost:8000' is not a URL"),
-    ("http://127.0.0.1:{port}", "collector.vllm_url=http://127.0.0.1:{port}: no vLLM server answers there "
+    ("localhost:8000", "engine.url='localhost:8000' is not a URL"),
+    ("http://127.0.0.1:{port}", "engine.url=http://127.0.0.1:{port}: no vLLM server answers there "
                                 "([Errno 111] Connection refused); start one with: VLLM_SERVER_DEV_MODE=1"),
 ])
 def test_a_server_that_does_not_answer_is_one_line_before_training(url, message):
     port = free_port()
     with pytest.raises(ConfigError, match=re.escape(message.format(port=port))):
-        validate(make_config("algo=grpo", *VLLM, f"collector.vllm_url={url.format(port=port)}"))
+        validate(make_config("algo=grpo", *_server(url.format(port=port))))
 
 
-def test_a_server_url_without_the_vllm_engine_is_refused():
-    with pytest.raises(ConfigError, match=re.escape("collector.vllm_url=http://127.0.0.1:8000 with "
-                                                    "collector.engine=transformers: the server would not be used")):
-        validate(make_config("algo=grpo", "collector.vllm_url=http://127.0.0.1:8000"))
+def test_a_server_engine_without_its_url_names_the_key():
+    with pytest.raises(ConfigError, match=re.escape("engine.url is required by engine=VLLMServer: give it on the "
+                                                    "command line, e.g. engine.url=...")):
+        validate(make_config("algo=grpo", "engine=vllm_server"))
 
 
 def test_a_server_killed_mid_run_fails_the_run_naming_it(server, tmp_path):
     # last: it kills the module's server
-    url, _, proc, _ = server
+    url, model_dir, proc, _ = server
     shm = _shm()
-    err = fails_when_killed_mid_run(tmp_path, lambda run: os.killpg(proc.pid, signal.SIGKILL),
-                                    f"collector.vllm_url={url}")
+    err = fails_when_killed_mid_run(tmp_path, lambda run: os.killpg(proc.pid, signal.SIGKILL), engine=_server(url))
     assert _shm() <= shm
     named = re.escape(url)
     assert re.search(rf"the vLLM server at {named} failed while [^:]+: no answer from {named}", err), err[-2000:]
     with pytest.raises(CollectorError, match="no vLLM server answers there"):
-        VLLMServer(url, None, None, timeout_s=5)
+        VLLMServer(LanguageModel(str(model_dir)), None, url=url, timeout_s=5)

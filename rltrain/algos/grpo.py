@@ -94,6 +94,9 @@ class GRPO:
 
     ACTION_SPACES = ("tokens",)
     OBSERVATIONS = ("text",)
+    # Keys GRPO had while the collector's sampling settings were copied into it: it reads them from each batch.
+    MOVED_KEYS = {"temperature": "is now collector.temperature (GRPO reads the temperature each batch was sampled at)",
+                  "max_new_tokens": "is now collector.max_new_tokens (GRPO reads it from each batch)"}
     NEEDS_PUSHES = ("GRPO's ratios (or tis_cap's weights) compare the learner with the weights that sampled; "
                     "without pushes the engine keeps its first weights and they drift until every token is clipped "
                     "or truncated")
@@ -115,8 +118,6 @@ class GRPO:
         self,
         policy,
         total_frames: int,
-        max_new_tokens: PositiveInt,  # the collector's (Dr. GRPO's constant); set from collector.max_new_tokens
-        temperature: PositiveNumber,  # the collector's: the policy is the model's distribution at it
         device: torch.device | str = "cpu",
         lr: PositiveNumber = 1e-3,  # AdamW learning rate (the peak of the schedule)
         lr_schedule: Annotated[str, OneOf(SCHEDULES)] = "constant",  # constant | linear | cosine (to 0 at the end)
@@ -143,8 +144,7 @@ class GRPO:
         self.clip_low, self.clip_high, self.aggregation = clip_low, clip_high, loss_aggregation
         self.tis_cap = tis_cap
         self.scale_rewards, self.mask_truncated = scale_rewards, mask_truncated
-        self.kl_coef, self.max_grad_norm, self.max_new_tokens = kl_coef, max_grad_norm, max_new_tokens
-        self.temperature = temperature
+        self.kl_coef, self.max_grad_norm = kl_coef, max_grad_norm
         # The KL's reference: the initial model, frozen. A model with LoRA adapters has it already (the
         # adapters turned off: no copy); any other is copied once.
         self._adapters_off = policy.disable_adapter if kl_coef and hasattr(policy, "disable_adapter") else None
@@ -170,13 +170,16 @@ class GRPO:
                                  f"{int(flat['policy_version'].min())}) hold NaN or infinity: its forward pass "
                                  "overflowed (model.dtype=float16 does; use float32) or its weights are "
                                  "not finite; lower algo.lr if the weights grew")
+        # How the batch was sampled, as it says: the policy is the model's distribution at this temperature
+        # (the sampling log-probs are), and max_new_tokens is Dr. GRPO's constant normaliser.
+        temperature, max_new_tokens = float(flat["temperature"].max()), int(flat["max_new_tokens"].max())
         rewards = flat["reward"]
         advantages, flat_groups = group_advantages(rewards, group_size, scale=self.scale_rewards)
         mask = flat["completion_mask"].float()
         if self.mask_truncated:
             mask = mask * (~flat["truncated"]).float().unsqueeze(1)
-        norm = Normalizer.of(mask, self.max_new_tokens)
-        ref = self._reference_logprobs(flat, group_size) if self.kl_coef else None
+        norm = Normalizer.of(mask, max_new_tokens)
+        ref = self._reference_logprobs(flat, group_size, temperature) if self.kl_coef else None
         self.policy.train()
         # With a cap: the learner's log-probs before this update's step. The first pass's are those (its
         # micro-batches only accumulate gradients, the one step comes after them), kept for later passes.
@@ -188,7 +191,7 @@ class GRPO:
             for start in range(0, flat.shape[0], self.micro_batch_size):
                 rows = slice(start, start + self.micro_batch_size)
                 part, kept = flat[rows], mask[rows]
-                logp, entropy = token_logprobs(self.policy, part, self._group_rows(group_size), self.temperature)
+                logp, entropy = token_logprobs(self.policy, part, self._group_rows(group_size), temperature)
                 old_logp, weight = part["log_prob"], None
                 if old is not None:
                     if epoch == 0:
@@ -251,11 +254,11 @@ class GRPO:
             group["lr"] = self.lr * factor
 
     @torch.no_grad()
-    def _reference_logprobs(self, flat: TensorDict, group_size: int) -> torch.Tensor:
+    def _reference_logprobs(self, flat: TensorDict, group_size: int, temperature: float) -> torch.Tensor:
         group_size = self._group_rows(group_size)
         model = self.reference if self.reference is not None else self.policy
         with self._adapters_off() if self._adapters_off is not None else contextlib.nullcontext():
-            parts = [token_logprobs(model, flat[s:s + self.micro_batch_size], group_size, self.temperature)[0]
+            parts = [token_logprobs(model, flat[s:s + self.micro_batch_size], group_size, temperature)[0]
                      for s in range(0, flat.shape[0], self.micro_batch_size)]
         return torch.cat(parts)
 

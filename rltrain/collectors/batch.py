@@ -29,7 +29,7 @@ def batch_steps(frames_per_batch: int, envs: int, what: str, how_many: str | Non
 
 
 def as_batch(frames: dict[str, torch.Tensor]) -> TensorDict:
-    """A ``[T, N]`` TensorDict with the keys the README's "How it fits together" lists;
+    """A ``[T, N]`` TensorDict with the keys docs/architecture.md lists (Batches);
     ``done = terminated | truncated``. A Dict observation's keys nest below ``observation``."""
     data = {k: v for k, v in frames.items() if not _is_obs(k)}
     data["observation"] = nest(frames, "observation")

@@ -1,51 +1,41 @@
-"""``collector=generation``: a language-model policy's collector. Each batch takes the task's next
-prompts, samples ``group_size`` completions of each with the weights of the last push, and scores
-every completion with the task's reward functions.
+"""``collector=generation``: a language-model policy's collector. Each batch:
 
-Two engines generate (``engine``). ``transformers`` (the default): a copy of the learner's model, on
-the learner's device, fed only through the weight-sync receiver at the start of each batch, as every
-collector's policy is (on the CPU it reads the published snapshot in place; on a GPU each new version
-is copied into it). ``vllm``: a vLLM engine in a process of its own (``rltrain.llm.vllm_engine``;
-beside a CUDA learner, on the GPU ``engine_gpu`` with ``engine_gpu_memory`` of its memory), fed by
-``sync=vllm``; or, given ``vllm_url``, a vLLM server the user runs (``rltrain.llm.vllm_server``).
-Either way the learner's optimizer never touches the weights that generate, and each completion
-carries the version that generated it.
+1. takes the task's next ``frames_per_batch / group_size`` prompts (the task's own order: resumable);
+2. asks the engine (``engine=``) for ``group_size`` completions of each, with the weights of the last
+   push (the engine holds the sync scheme's receiver) and this batch's seed (``seed + batch index``);
+3. scores every completion with the task's reward functions, against its prompt's row;
+4. returns them as one ``[prompts, group_size]`` TensorDict stamped with the weights version that
+   generated them and how they were sampled (``temperature``, ``max_new_tokens``: GRPO reads them
+   from the batch, so the learner scores the distribution that was sampled).
 
-With the vLLM engine, ``max_lag: 1`` generates the next batch while the learner updates on this one:
-its completions then come from the weights one push older than the learner's (GRPO's ``tis_cap``
-corrects for that), and the trainer drops a batch more than ``max_lag`` versions old.
+The learner's optimizer never touches the weights that generate. With an engine of its own process
+(``GENERATES_AHEAD``: ``engine=vllm``, ``engine=vllm_server``), ``max_lag: 1`` asks for the next batch
+before this one is returned, so it generates while the learner updates: its completions then come
+from the weights one push older than the learner's (GRPO's ``tis_cap`` corrects for that), and the
+trainer drops a batch more than ``max_lag`` versions old.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
 from typing import Annotated
 
 import torch
 from tensordict import TensorDict
 
-from rltrain.collectors.batch import MaxLag, batch_steps
-from rltrain.llm.engine import Engine, Sampling, TransformersEngine
+from rltrain.collectors.batch import batch_steps
+from rltrain.llm.engine import Engine, Sampling
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.rewards import Rewards
 from rltrain.llm.tasks import Task
 from rltrain.protocols import Collector
-from rltrain.rules import Flag, Integer, OneOf, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
-from rltrain.sync.base import WeightReceiver
+from rltrain.rules import Flag, OneOf, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
 
 STOP = Satisfies(lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v),
                  "a list of non-empty strings")
-ENGINES = ("transformers", "vllm")
-THREADS = Integer(1, null="vLLM's own choice: every core")  # collector.engine_threads
-GPU = Integer(0, null="the learner's GPU")  # collector.engine_gpu
-
-
-def engine_gpu_index(device: torch.device | str, engine_gpu: int | None) -> int:
-    """The CUDA device index rltrain's vLLM engine runs on beside a learner on ``device``."""
-    device = torch.device(device)
-    return engine_gpu if engine_gpu is not None else (device.index or 0)
+LAG = OneOf((0, 1), "0 (generate, then update) or 1 (generate the next batch during the update): the collector "
+                    "asks for one batch ahead at most")
 
 
 class GenerationCollector(Collector):
@@ -54,15 +44,24 @@ class GenerationCollector(Collector):
 
     BATCH_ENVS = ("collector.group_size",)  # frames_per_batch must be a multiple of it
     IN_LEARNER_PROCESS = True
+    TASKS = True
+    # Keys this collector had before the engine became a part of its own (engine=): the key that replaced each.
+    MOVED_KEYS = {
+        "engine": "is now engine=transformers|vllm|vllm_server (a config group: algo=grpo engine=vllm)",
+        "vllm_url": "is now engine=vllm_server engine.url=URL",
+        "kv_cache_gb": "is now engine.kv_cache_gb (engine=vllm)",
+        "engine_threads": "is now engine.threads (engine=vllm)",
+        "engine_gpu": "is now engine.gpu (engine=vllm)",
+        "engine_gpu_memory": "is now engine.gpu_memory (engine=vllm)",
+        "timeout_s": "is now engine.timeout_s (engine=vllm or vllm_server)",
+    }
 
     def __init__(
         self,
-        make_env: Callable[[], Task],
-        make_policy: Callable[[], torch.nn.Module],
-        make_receiver: Callable[[], WeightReceiver],
+        task: Task,
+        engine: Engine,
         model: LanguageModel,
         rewards: Rewards,
-        device: torch.device | str = "cpu",
         seed: int = 0,
         frames_per_batch: PositiveInt = 128,
         group_size: PositiveInt = 8,
@@ -71,38 +70,12 @@ class GenerationCollector(Collector):
         max_new_tokens: PositiveInt = 4,
         stop: Annotated[list[str], STOP] = (),
         greedy: Flag = False,
-        engine: Annotated[str, OneOf(ENGINES)] = "transformers",
-        max_lag: MaxLag = 0,
-        timeout_s: PositiveNumber = 300.0,
-        kv_cache_gb: PositiveNumber = 1.0,
-        vllm_url: str | None = None,
-        engine_threads: Annotated[int | None, THREADS] = 1,
-        engine_gpu: Annotated[int | None, GPU] = None,
-        engine_gpu_memory: PositiveFraction = 0.4,
-        run_dir: str | Path | None = None,  # set by build: the run a vLLM server of the user's is claimed for
+        max_lag: Annotated[int, LAG] = 0,
     ):
         self.prompts_per_batch = batch_steps(frames_per_batch, group_size, "collector.group_size")
         self.group_size, self.seed, self.batches, self.max_lag = group_size, seed, 0, max_lag
         self.sampling = Sampling(temperature, top_p, max_new_tokens, tuple(stop), greedy)
-        self.task, self.rewards, self.model = make_env(), rewards, model
-        self.receiver = make_receiver()
-        self.engine: Engine
-        if engine == "vllm" and vllm_url:
-            from rltrain.llm.vllm_server import VLLMServer
-
-            self.engine = VLLMServer(vllm_url, model.tokenizer(), self.receiver, timeout_s=timeout_s, dtype=model.dtype,
-                                     run_dir=run_dir)
-        elif engine == "vllm":
-            from rltrain.llm.vllm_engine import VLLMEngine
-
-            gpu = None if torch.device(device).type != "cuda" else engine_gpu_index(device, engine_gpu)
-            self.engine = VLLMEngine(model.source(), model.tokenizer(), self.receiver, seed=seed, dtype=model.dtype,
-                                     kv_cache_gb=kv_cache_gb, timeout_s=timeout_s, threads=engine_threads,
-                                     gpu=gpu, gpu_memory=engine_gpu_memory)
-        else:
-            self.engine = TransformersEngine(make_policy().to(device), model.tokenizer())
-            self.receiver.connect(self.engine.model)
-        self._local = engine == "transformers"  # its weights come through this process's receiver
+        self.task, self.engine, self.rewards, self.model = task, engine, rewards, model
         self._pending: tuple[list[dict], float] | None = None  # a batch asked of the engine: its rows, and when
         self._ready: TensorDict | None = None  # a batch generated ahead, finished for a checkpoint, not yet returned
         self._failed: Exception | None = None  # what finishing a batch ahead for a checkpoint raised
@@ -123,7 +96,7 @@ class GenerationCollector(Collector):
             if self._pending is None:
                 self._submit()
             batch = self._finish()
-        if self.max_lag and not self._local:
+        if self.max_lag:
             self._ready = batch  # kept for a checkpoint, should asking for the next one fail
             self._submit()  # generates while the learner updates on this batch
             self._ready = None
@@ -134,9 +107,6 @@ class GenerationCollector(Collector):
         prompts = [self.model.prompt_text(self.engine.tokenizer, row["prompt"]) for row in rows]
         seed = self.seed + self.batches
         self.batches += 1
-        if self._local:  # the newest weights; the vLLM engine's process loads them itself
-            self.receiver.poll()
-            self.engine.version = self.receiver.version
         started = time.perf_counter()
         try:
             self.engine.submit(prompts, self.group_size, self.sampling, seed=seed)
@@ -150,7 +120,7 @@ class GenerationCollector(Collector):
         try:
             generated = self.engine.collect()
             seconds = self.engine.generate_s or time.perf_counter() - started  # not the learner's update meanwhile
-            batch = score(generated, rows, self.group_size, self.rewards, seconds)
+            batch = score(generated, rows, self.group_size, self.rewards, self.sampling, seconds)
         except Exception:
             self._give_back(rows)
             raise
@@ -186,20 +156,20 @@ class GenerationCollector(Collector):
 
     def close(self) -> None:
         self.engine.close()
-        self.receiver.close()
 
 
-def complete(engine: TransformersEngine, model: LanguageModel, rows: list[dict], group_size: int,
+def complete(engine: Engine, model: LanguageModel, rows: list[dict], group_size: int,
              sampling: Sampling, rewards: Rewards, seed: int | None = None) -> TensorDict:
     """``group_size`` completions of each row's prompt, as the model reads it (``model.prompt_text``),
     scored: the collector's batches and the eval hook's (with the seconds generation took)."""
     prompts = [model.prompt_text(engine.tokenizer, row["prompt"]) for row in rows]
     start = time.perf_counter()
     generated = engine.generate(prompts, group_size, sampling, seed=seed)
-    return score(generated, rows, group_size, rewards, time.perf_counter() - start)
+    return score(generated, rows, group_size, rewards, sampling, time.perf_counter() - start)
 
 
-def score(generated, rows: list[dict], group_size: int, rewards: Rewards, generate_s: float = 0.0) -> TensorDict:
+def score(generated, rows: list[dict], group_size: int, rewards: Rewards, sampling: Sampling,
+          generate_s: float = 0.0) -> TensorDict:
     """``generated``'s batch (``Generated.as_batch``) with every completion scored by ``rewards``
     against its prompt's row (the task's own prompt, not the chat-templated text)."""
     totals, each = [], {name: [] for name in rewards.functions}
@@ -209,5 +179,5 @@ def score(generated, rows: list[dict], group_size: int, rewards: Rewards, genera
         totals.append(total)
         for name, value in values.items():
             each[name].append(value)
-    return generated.as_batch(group_size, torch.tensor(totals),
+    return generated.as_batch(group_size, sampling, torch.tensor(totals),
                               {name: torch.tensor(values) for name, values in each.items()}, generate_s)

@@ -4,9 +4,9 @@ run's reward functions, with the learner's current weights."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from dataclasses import replace
 
-from rltrain.collectors.generation import complete
+from rltrain.collectors.generation import GenerationCollector, complete
 from rltrain.hooks.base import Every
 from rltrain.hooks.eval import Evaluation, raise_if_stopping
 from rltrain.llm.engine import Sampling, TransformersEngine
@@ -24,32 +24,35 @@ class GenerationEvalHook(Evaluation):
     time, on its schedule (``every``; null: never) and at the end of the run (``at_end``).
 
     Every evaluation uses the same prompts (the first of the eval split; every row of a smaller one, each
-    once). Logs ``eval/return`` (the
+    once), completed as the collector's are (its ``max_new_tokens`` and ``stop``), greedily. Logs ``eval/return`` (the
     mean total reward; summary.json's ``eval_return``), ``eval/reward/<name>`` (each function's
     mean: ``correct`` is the accuracy), ``eval/completion_length`` and ``eval/truncated``.
     """
 
+    # Keys this hook had while it copied the collector's: it reads them from the collector now.
+    MOVED_KEYS = {"max_new_tokens": "is now collector.max_new_tokens (the eval hook completes as the collector does)",
+                  "stop": "is now collector.stop (the eval hook completes as the collector does)"}
+
     def __init__(
         self,
         policy,
-        make_env: Callable[[], Task],
+        task: Task,
+        collector: GenerationCollector,
         model: LanguageModel,
         rewards: Rewards,
-        max_new_tokens: PositiveInt,
-        stop: list[str] | None,
         prompts: PositiveInt = 64,
         batch_size: PositiveInt = 64,
         every: Every = None,
         at_end: Flag = True,
     ):
         super().__init__(every, at_end)
-        self.policy, self.task, self.model, self.rewards = policy, make_env().eval_split(), model, rewards
+        self.policy, self.task, self.model, self.rewards = policy, task.eval_split(), model, rewards
         size = self.task.split_size()
         if size is not None and size < prompts:  # a row counted twice would weigh twice in the mean
             log.info("hooks.eval.prompts=%d, but %s holds %d rows: each is scored once", prompts,
                      self.task.describe("eval"), size)
         self.prompts, self.batch_size = prompts if size is None else min(prompts, size), batch_size
-        self.sampling = Sampling(max_new_tokens=max_new_tokens, stop=tuple(stop or ()), greedy=True)
+        self.sampling: Sampling = replace(collector.sampling, greedy=True)
         self._engine: TransformersEngine | None = None
 
     def evaluate(self, state: TrainState) -> float:

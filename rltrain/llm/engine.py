@@ -1,10 +1,12 @@
-"""Generation engines: what samples groups of completions with the policy's current weights.
+"""Generation engines (``engine=``): what samples groups of completions with the policy's current weights.
 
 An ``Engine`` turns prompts into ``Generated``: ``group_size`` completions of each prompt (one after
 another), padded token batches with masks, each generated token's sampling log-prob (under the
 distribution it was drawn from: after temperature and top-p) and the weights version that produced
-them. ``TransformersEngine`` runs transformers' own generation (with its KV cache) in this process;
-a vLLM engine implements the same interface.
+them. It also says how the learner's weights reach it (``WEIGHTS``), which the sync scheme's
+``DELIVERS`` must be one of. ``TransformersEngine`` (``engine=transformers``) runs transformers' own
+generation (with its KV cache) in this process; ``rltrain.llm.vllm`` has vLLM's (``engine=vllm``,
+``engine=vllm_server``). A class of your own is a ``_target_`` away.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rltrain.errors import NonFiniteError
 from rltrain.llm.model import base_model
 from rltrain.llm.prompt_cache import cache_name, prompt_pass
 from rltrain.rules import Flag, PositiveFraction, PositiveInt, PositiveNumber
+from rltrain.sync.base import WeightReceiver
 
 
 @dataclass(frozen=True)
@@ -27,9 +30,14 @@ class Sampling:
 
     temperature: PositiveNumber = 1.0
     top_p: PositiveFraction = 1.0
-    max_new_tokens: PositiveInt = 16
+    max_new_tokens: PositiveInt = 4
     stop: tuple[str, ...] = field(default_factory=tuple)  # a completion ends after the first of these strings
     greedy: Flag = False  # the most likely token at every step (evaluation), instead of sampling
+
+    @property
+    def policy_temperature(self) -> float:
+        """The temperature of the policy whose log-probs the completions carry (greedy ones: the model's own)."""
+        return 1.0 if self.greedy else self.temperature
 
 
 @dataclass
@@ -51,14 +59,16 @@ class Generated:
     texts: list[str]
     version: int
 
-    def as_batch(self, group_size: int, reward: torch.Tensor, rewards: dict[str, torch.Tensor] | None = None,
-                 generate_s: float = 0.0) -> TensorDict:
+    def as_batch(self, group_size: int, sampling: Sampling, reward: torch.Tensor,
+                 rewards: dict[str, torch.Tensor] | None = None, generate_s: float = 0.0) -> TensorDict:
         """The learner's ``[prompts, group_size]`` TensorDict: the token tensors above (``log_prob``:
         the sampling log-probs), ``reward`` (the weighted total) and ``("rewards", name)`` (each
         function's), and what the trainer counts of every batch: each completion is one frame and one
         episode (``done``; ``episode_return``, its reward; ``episode_length``, its tokens),
         ``policy_version``, ``nonfinite`` (never: rewards are checked as they are computed), and
-        ``generate_s``, each completion's share of the seconds the batch took to generate."""
+        ``generate_s``, each completion's share of the seconds the batch took to generate; and how it was
+        sampled, which the learner reads instead of a setting of its own: ``temperature`` (the policy is the
+        model's distribution at it: 1 for greedy completions) and ``max_new_tokens``."""
         rows = len(self.texts)
         shape = (rows // group_size, group_size)
         lengths = self.completion_mask.sum(dim=1).cpu()
@@ -70,13 +80,28 @@ class Generated:
             "done": torch.ones(rows, dtype=torch.bool), "episode_return": reward.float(), "episode_length": lengths,
             "policy_version": torch.full((rows,), self.version, dtype=torch.int64),
             "nonfinite": torch.zeros(rows, dtype=torch.bool), "generate_s": torch.full((rows,), generate_s / rows),
+            "temperature": torch.full((rows,), sampling.policy_temperature),
+            "max_new_tokens": torch.full((rows,), sampling.max_new_tokens, dtype=torch.int64),
         }
         return TensorDict(data, batch_size=[rows]).reshape(*shape)
 
 
 class Engine(ABC):
-    """Generates with the weights it holds (``version``); rltrain's sync schemes replace them."""
+    """Generates with the weights it holds (``version``); rltrain's sync schemes replace them.
 
+    Its constructor takes its config keys (``engine.*``) and, by name, what build gives it: ``model``
+    (the run's ``LanguageModel``), ``tokenizer`` (its tokenizer), ``receiver`` (the sync scheme's), ``policy``
+    (a copy of the learner's model on the learner's device, for an engine of this process), ``device``,
+    ``seed``, ``run_dir``.
+    Capabilities: ``WEIGHTS``, how the learner's weights reach it (see ``WeightSyncScheme.DELIVERS``):
+    ``module``, the receiver is connected to the engine's model in this process (by the engine); ``snapshot``,
+    the engine loads the newest snapshot itself (a ``SnapshotReceiver``'s); ``push``, the learner pushes
+    through ``transfer_client()``; ``GENERATES_AHEAD``, whether ``submit`` returns at once (generation in
+    another process), so that ``collector.max_lag: 1`` can generate the next batch during an update.
+    """
+
+    WEIGHTS: tuple[str, ...] = ("module",)
+    GENERATES_AHEAD = False
     version: int = 0
     generate_s: float | None = None  # what the last collected batch took to generate, where the engine times it
 
@@ -96,17 +121,37 @@ class Engine(ABC):
             raise RuntimeError("collect() without submit()")
         return generated
 
+    def transfer_client(self):
+        """What the learner's sender pushes through (``rltrain.llm.vllm.transfer.TransferClient``), for an
+        engine whose ``WEIGHTS`` has ``push``."""
+        raise NotImplementedError(f"{type(self).__name__} takes no pushes")
+
     def close(self) -> None:
         """Release what the engine holds."""
 
 
 class TransformersEngine(Engine):
-    """transformers' ``generate`` on a model of this process (the embedded default engine)."""
+    """``engine=transformers``: transformers' ``generate`` on a model of this process (the embedded default).
+    ``policy``: the model it generates with, fed by ``receiver`` before each batch (None: the weights stay
+    as they are, as for the eval hook, which generates with the learner's own model)."""
 
-    def __init__(self, model, tokenizer):
-        self.model, self.tokenizer = model, tokenizer
+    def __init__(self, policy, tokenizer, receiver: WeightReceiver | None = None):
+        self.model, self.tokenizer, self.receiver = policy, tokenizer, receiver
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set one (tokenizer.pad_token = tokenizer.eos_token)")
+        if receiver is not None:  # on the CPU it reads the published snapshot in place; on a GPU, copies each one
+            receiver.connect(policy)
+
+    def submit(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> None:
+        """Generate now, with the newest pushed weights."""
+        if self.receiver is not None:
+            self.receiver.poll()
+            self.version = self.receiver.version
+        super().submit(prompts, group_size, sampling, seed)
+
+    def close(self) -> None:
+        if self.receiver is not None:
+            self.receiver.close()
 
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
@@ -122,8 +167,7 @@ class TransformersEngine(Engine):
         ids = out.sequences[:, prompt_ids.shape[1]:]
         # Each token's log-prob under the policy: the model's distribution at the sampling temperature, as the
         # learner computes it (top_p narrows what is drawn, not the policy whose ratios the learner takes).
-        temperature = 1.0 if sampling.greedy else sampling.temperature
-        logits = torch.stack(out.logits, dim=1).float() / temperature  # [B, T, V]
+        logits = torch.stack(out.logits, dim=1).float() / sampling.policy_temperature  # [B, T, V]
         if not torch.isfinite(logits).all():  # the sampler drew from cleaned scores (remove_invalid_values), so say it
             raise self._nonfinite()
         logprobs = torch.log_softmax(logits, dim=-1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)

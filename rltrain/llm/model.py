@@ -15,6 +15,7 @@ weight sync moves them with the rest, and the model written at the end has them 
 from __future__ import annotations
 
 import copy
+import heapq
 import importlib.metadata
 import importlib.util
 import re
@@ -26,6 +27,8 @@ import torch
 
 from rltrain.errors import ConfigError
 from rltrain.rules import Flag, Fraction, NonNegativeInt, OneOf, PositiveNumber
+
+LONGEST_TOKENIZED = 256  # the prompts (the longest by characters) whose tokens the config check counts
 
 TINY = "tiny"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -278,6 +281,33 @@ class LanguageModel:
                           "to an unknown token, so the model would never read them (e.g. the prompt "
                           f"{example[:80]!r}); "
                           "remove them from the prompts, or give model.path a model whose tokenizer covers them")
+
+    def check_prompts(self, prompts: list[str], max_new_tokens: int, key: str) -> None:
+        """``prompts`` (those the task stands by: ``rows_to_check``), as this model reads them: tokens it has
+        (its special tokens in its vocabulary, no character the tokenizer drops), and, plus the longest
+        completion (``max_new_tokens``, the config's ``key``), within its context. The ``LONGEST_TOKENIZED``
+        longest by characters stand for the longest by tokens: tokenizing every row of a large dataset would
+        make the check as slow as the dataset is large. Nothing to check for a hub id not downloaded yet."""
+        from transformers import AutoConfig
+
+        source = self.source()
+        if not Path(source).is_dir():
+            return  # a hub id: its tokenizer is not here until transformers downloads the model
+        tokenizer = self.tokenizer()
+        config = AutoConfig.from_pretrained(source)
+        self.check_tokenizer(tokenizer, config)
+        self.check_readable(tokenizer, prompts)
+        context = getattr(config, "max_position_embeddings", None)
+        if not context:
+            return
+        prompts = heapq.nlargest(LONGEST_TOKENIZED, prompts, key=len)
+        texts = [self.prompt_text(tokenizer, p) for p in prompts]
+        lengths = [len(i) for i in tokenizer(texts, add_special_tokens=False)["input_ids"]]
+        longest = max(range(len(texts)), key=lengths.__getitem__)
+        if lengths[longest] + max_new_tokens > context:
+            raise ConfigError(f"a prompt of {lengths[longest]} tokens plus {key}={max_new_tokens} exceeds the context "
+                              f"of model.path={self.path} ({context} tokens): {prompts[longest][:80]!r}...; shorten "
+                              f"the prompts or lower {key}")
 
     def prompt_text(self, tokenizer, prompt: str) -> str:
         """What the model reads for a task's ``prompt``: the chat template's user turn when

@@ -7,7 +7,7 @@ from typing import Any
 
 
 class Logger:
-    """Receives one dict of metrics per log step (the keys of the README's "What a run writes":
+    """Receives one dict of metrics per log step (the keys of docs/outputs.md:
     ``frames``, ``loss/...``).
 
     A logger that takes a ``resume`` argument gets, in a resumed run, its checkpointed

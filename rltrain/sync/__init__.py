@@ -5,7 +5,6 @@ from rltrain.sync.distributed import DistributedReceiver, DistributedSync, liste
 from rltrain.sync.none import NoSync
 from rltrain.sync.pipe import PipeSync
 from rltrain.sync.shared_mem import SharedMemSync
-from rltrain.sync.vllm import VLLMSync
 
-__all__ = ["DistributedReceiver", "DistributedSync", "NoSync", "PipeSync", "SharedMemSync", "VLLMSync",
+__all__ = ["DistributedReceiver", "DistributedSync", "NoSync", "PipeSync", "SharedMemSync",
            "WeightReceiver", "WeightSender", "WeightSyncScheme", "listen"]

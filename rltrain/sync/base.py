@@ -110,12 +110,18 @@ class WeightSyncScheme(ABC):
 
     Capabilities (checked by build): ``PUSHES``, whether pushes move new weights at all;
     ``CROSS_PROCESS_ONLY``, whether its receivers must live in other processes than the learner;
-    ``REACHES_OTHER_RANKS``, whether they may be other ranks of a torchrun job (other machines).
+    ``REACHES_OTHER_RANKS``, whether they may be other ranks of a torchrun job (other machines);
+    ``DELIVERS``, how the weights reach what acts with them, which a generation engine must take
+    (``rltrain.llm.engine.Engine.WEIGHTS``): ``module`` (a receiver binds to a torch module of its
+    process: every collector's policy copy), ``snapshot`` (an engine loads the newest published snapshot
+    itself, at its own boundary) or ``push`` (the learner drives each push into the engine, through the
+    engine's ``transfer_client()``, which build connects the sender to).
     """
 
     PUSHES = True
     CROSS_PROCESS_ONLY = False
     REACHES_OTHER_RANKS = False  # whether its receivers may be other ranks of a torchrun job, on other machines
+    DELIVERS = "module"
     every: int | None = None  # batches between pushes (``sync.every``; WeightPushHook reads it), None: never
 
     def __init__(self, every: PushEvery = 1):

@@ -1,9 +1,9 @@
-"""``sync.transport=gloo|nccl|ipc``: ``sync=vllm``'s pushes through vLLM's weight-transfer API.
+"""vLLM's weight-transfer engines as ``sync=vllm_transfer`` uses them, and rltrain's gloo backend for vLLM.
 
 The engine (rltrain's own, or a user's server) runs with ``weight_transfer_config={"backend": ...}``, and
 each push drives vLLM's four calls: ``init_weight_transfer_engine`` once, then per version
 ``start_weight_update``, ``update_weights`` (while the learner sends) and ``finish_weight_update``.
-The learner's side is vLLM's own ``TrainerWeightTransferEngine`` for the transport, built by
+The learner's side is vLLM's own ``TrainerWeightTransferEngine`` for the backend, built by
 ``WeightTransferTrainerFactory``, reading the learner's weights in vLLM's names (``WeightsSource``):
 
 - ``nccl``: vLLM's NCCL broadcast, GPU to GPU; the engine on another GPU than the learner's (NCCL
@@ -12,10 +12,10 @@ The learner's side is vLLM's own ``TrainerWeightTransferEngine`` for the transpo
 - ``gloo``: rltrain's own backend, registered into vLLM's factories as ``rltrain_gloo``: the weights
   gathered into one host buffer (one copy) and broadcast over a gloo process group on TCP, whose
   store the learner hosts. For CPU engines elsewhere than the learner's machine (a server in another
-  container or host, which cannot map ``shared_mem``'s slots), and the way this path runs where
+  container or host, which cannot map ``sync=vllm``'s slots), and the way this path runs where
   there is no GPU. The engine loads with ``VLLMModel`` (names checked, embedding repacked).
 
-This module imports vLLM: only processes that use these transports import it.
+This module imports vLLM: only processes that push through vLLM's API (or serve with the gloo backend) import it.
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ from vllm.distributed.weight_transfer.base import (
 )
 from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory, WeightTransferTrainerFactory
 
+from rltrain.llm.vllm import BACKENDS
+from rltrain.llm.vllm.aside import Aside
 from rltrain.process_groups import StoreAddress, gloo_group, seconds
 from rltrain.sync.base import FlatBuffer
-from rltrain.sync.vllm import BACKENDS, Aside
 
 GLOO = BACKENDS["gloo"]
 _groups = itertools.count()
@@ -73,22 +74,22 @@ class WeightsSource(WeightSource):
         yield from weights.items()
 
 
-def trainer_engine(transport: str, client, source: WeightsSource, address: str,
+def trainer_engine(backend: str, client, source: WeightsSource, address: str,
                    timeout_s: float) -> TrainerWeightTransferEngine:
-    """vLLM's learner side of ``transport``, joined with the engine behind ``client`` (the four calls);
+    """vLLM's learner side of ``backend``, joined with the engine behind ``client`` (the four calls);
     ``address``: where the engine reaches this process (its store or NCCL rendezvous)."""
-    if transport == "gloo":
+    if backend == "gloo":
         info = GlooTrainerInitInfo(rank=0, master_address=address, timeout_s=timeout_s)
-    elif transport == "nccl":
+    elif backend == "nccl":
         from vllm.distributed.weight_transfer.nccl_engine import NCCLTrainerInitInfo
 
         info = NCCLTrainerInitInfo(rank=0, master_address=address, master_port=free_port(address), world_size=2)
-    elif transport == "ipc":
+    elif backend == "ipc":
         from vllm.distributed.weight_transfer.ipc_engine import IPCTrainerInitInfo
 
         info = IPCTrainerInitInfo(rank=0)
     else:
-        raise ValueError(f"sync.transport={transport!r}: one of {', '.join(BACKENDS)} goes through vLLM's API")
+        raise ValueError(f"sync.backend={backend!r}: one of {', '.join(BACKENDS)} goes through vLLM's API")
     return WeightTransferTrainerFactory.trainer_init(info, client=client, source=source)
 
 
@@ -159,7 +160,7 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
             torch.accelerator.synchronize()
 
     def receive_weights(self, update_info: GlooUpdateInfo) -> None:
-        from rltrain.llm.vllm_engine import VLLMModel
+        from rltrain.llm.vllm.loading import VLLMModel
 
         if self._group is None:
             raise RuntimeError("a gloo weight update before init_weight_transfer_engine")

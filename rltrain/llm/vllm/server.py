@@ -1,9 +1,9 @@
-"""``collector.vllm_url``: generate in a vLLM server the user runs, and push the learner's weights into it.
+"""``engine=vllm_server``: generate in a vLLM server the user runs, and push the learner's weights into it.
 
 The user starts vLLM's OpenAI-compatible server on the run's model, on the learner's machine, as the
 same user, in dev mode (for ``/collective_rpc`` and ``/pause``) and with rltrain's worker extension
-(``server_command`` gives the command; the README shows it), and trains with
-``collector.engine=vllm collector.vllm_url=http://127.0.0.1:8000 sync=vllm``.
+(``server_command`` gives the command; docs/vllm.md shows it), and trains with
+``algo=grpo engine=vllm_server engine.url=http://127.0.0.1:8000``.
 
 Generation: vLLM's completions API (``/v1/completions``), prompts as token ids, one request per
 prompt with seeds of its own (the same draws as rltrain's own engine), in flight together, every
@@ -16,11 +16,12 @@ place (``/collective_rpc``), resets the server's prefix cache and resumes it, wh
 between. Only the slot's address crosses HTTP: the worker maps the learner's slot through
 ``/proc/<learner pid>/fd/<fd>`` for that one load (checked to be the same file: device and inode), so
 nothing is named in /dev/shm, and the server holds none of a learner's memory between pushes. That is
-why the server must run on the learner's machine, as its user.
+why the server must run on the learner's machine, as its user. With ``sync=vllm_transfer`` the pushes
+go through vLLM's weight-transfer routes instead (``ServerClient``), and the server may be elsewhere.
 
 A server serves one run's weights at a time: a run claims it (the worker extension keeps the claim)
 before its first load and releases it when it closes, and another run is refused while the claim is
-live, naming the holder (``ServerClaim``, ``ClaimLedger``).
+live, naming the holder (``ServerClaim``; ``rltrain.llm.vllm.claim``).
 """
 
 from __future__ import annotations
@@ -28,54 +29,51 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import socket
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
-import uuid
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
-from datetime import datetime
 
 import torch
 
-from rltrain.errors import CollectorError
+from rltrain.errors import CollectorError, ConfigError
 from rltrain.llm.engine import Engine, Generated, Sampling
-from rltrain.llm.vllm_engine import as_generated, encode_prompts, quiet_reloads, sampling_requests
-from rltrain.sync.vllm import BACKENDS
+from rltrain.llm.model import LanguageModel
+from rltrain.llm.vllm import BACKENDS
+from rltrain.llm.vllm.claim import LEASE_S, RENEW_S, describe, holder, in_use
+from rltrain.llm.vllm.engine import check_sampling
+from rltrain.llm.vllm.extension import EXTENSION, PROTOCOL, slot_address
+from rltrain.llm.vllm.requests import as_generated, encode_prompts, sampling_requests
+from rltrain.rules import PositiveNumber
+from rltrain.sync.base import WeightReceiver
 
-EXTENSION = "rltrain.llm.vllm_server.WorkerExtension"
-PROTOCOL = 2  # the extension's methods and what they take; a server running another rltrain's extension is refused
 _CHECK_S = 10.0  # how long the checks before training (and a claim's release) wait for a server's answer
-_LEASE_S = 60.0  # a holder the server cannot see live (another host or container) keeps it while it renews within this
-_RENEW_S = 10.0  # how often such a holder renews its claim
 _IN_FLIGHT = 64  # requests sent together at most (one per prompt; one per completion when greedy)
-
-
 def server_command(model_dir: str = "MODEL_DIR", port: int = 8000,
-                   transport: str = "shared_mem") -> tuple[dict[str, str], list[str]]:
+                   backend: str | None = None) -> tuple[dict[str, str], list[str]]:
     """The environment and the command that start a vLLM server rltrain can use (the CPU build), on
-    ``model_dir`` at 127.0.0.1:``port``, taking pushes by ``transport`` (``sync.transport``)."""
+    ``model_dir`` at 127.0.0.1:``port``, taking ``sync=vllm``'s slots, or ``sync=vllm_transfer``'s pushes
+    with ``backend`` (``sync.backend``)."""
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
             "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)]
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    if transport != "shared_mem":
-        argv += ["--weight-transfer-config", transfer_config(transport)]
-    if transport == "ipc":  # vLLM pickles the CUDA IPC handles over HTTP
+    if backend is not None:
+        argv += ["--weight-transfer-config", transfer_config(backend)]
+    if backend == "ipc":  # vLLM pickles the CUDA IPC handles over HTTP
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     return env, argv
 
 
-def transfer_config(transport: str) -> str:
-    """``--weight-transfer-config``'s value for ``sync.transport`` (vLLM's backend names; rltrain's gloo)."""
-    return json.dumps({"backend": BACKENDS[transport]}, separators=(",", ":"))
+def transfer_config(backend: str) -> str:
+    """``--weight-transfer-config``'s value for ``sync.backend`` (vLLM's backend names; rltrain's gloo)."""
+    return json.dumps({"backend": BACKENDS[backend]}, separators=(",", ":"))
 
 
-def _command_line(transport: str = "shared_mem") -> str:
-    env, argv = server_command(transport=transport)
+def _command_line(backend: str | None = None) -> str:
+    env, argv = server_command(backend=backend)
     return " ".join([*(f"{k}={v}" for k, v in env.items()), *(f"'{a}'" if "{" in a else a for a in argv)])
 
 
@@ -108,13 +106,14 @@ def call(url: str, path: str, body: dict | None = None, timeout: float = 60.0, p
         raise ServerError(f"{url}{path} answered something that is not JSON: {text[:200]!r}") from None
 
 
-def check_server(url: str, timeout_s: float = _CHECK_S, transport: str = "shared_mem") -> dict:
+def check_server(url: str, timeout_s: float = _CHECK_S, backend: str | None = None) -> dict:
     """What rltrain needs to know of the vLLM server at ``url`` (its extension's ``rltrain_info``, the model
-    name it serves and its context), for pushes by ``transport``; raises ServerError with one line that
+    name it serves and its context), for ``sync=vllm``'s slots or, given ``backend``, ``sync=vllm_transfer``'s
+    pushes; raises ServerError with one line that
     says what to fix."""
     url = url.rstrip("/")
-    start = f"{_command_line(transport)} (see the README's 'A vLLM server of your own')"
-    key = f"collector.vllm_url={url}"
+    start = f"{_command_line(backend)} (see docs/vllm.md, 'A vLLM server of your own')"
+    key = f"engine.url={url}"
     try:
         call(url, "/health", timeout=timeout_s)
     except ServerError as e:
@@ -141,45 +140,71 @@ def check_server(url: str, timeout_s: float = _CHECK_S, transport: str = "shared
         raise ServerError(f"{key}: the server reports log-probs as {info.get('logprobs_mode')}, while GRPO needs "
                           "those of the distribution each token was drawn from; restart it with "
                           "--logprobs-mode processed_logprobs")
-    wanted = BACKENDS.get(transport)  # None for shared_mem: the worker extension loads the slots
+    wanted = BACKENDS.get(backend)  # None for sync=vllm: the worker extension loads the slots
     if wanted is not None and info.get("weight_transfer") != wanted:
-        raise ServerError(f"{key} with sync.transport={transport}: the server takes no {wanted} weight transfer "
+        raise ServerError(f"{key} with sync.backend={backend}: the server takes no {wanted} weight transfer "
                           f"(its backend: {info.get('weight_transfer')}); restart it with --weight-transfer-config "
-                          f"'{transfer_config(transport)}'")
+                          f"'{transfer_config(backend)}'")
     if info.get("holder") is not None:
         raise ServerError(in_use(url, info["holder"]))
     return {**info, "served_model": models[0]["id"], "max_model_len": models[0].get("max_model_len")}
 
 
 class VLLMServer(Engine):
-    """A vLLM server the user runs at ``url``, on the learner's machine; ``receiver`` (``sync=vllm``'s, in
-    this process) loads each pushed version into it before a batch. ``submit`` then ``collect`` (or
-    ``generate``) a batch of completions; every request is bounded by ``timeout_s``. ``run_dir``: the run's,
-    which the claim names to another run (None: the one this process holds open, if one)."""
+    """``engine=vllm_server``: a vLLM server the user runs at ``url``, on the learner's machine. Its weights
+    come by ``sync=vllm`` (``receiver``, in this process, has the server load each pushed version before a
+    batch) or by ``sync=vllm_transfer`` (build connects the learner's sender to ``transfer_client()``).
+    ``submit`` then ``collect`` (or ``generate``) a batch of completions; every request is bounded by
+    ``timeout_s``. ``run_dir``: the run's, which the claim names to another run (None: the one this
+    process holds open, if one)."""
 
-    def __init__(self, url: str, tokenizer, receiver, timeout_s: float = 120.0, dtype: str = "float32",
-                 run_dir: str | os.PathLike | None = None):
-        self.url, self.tokenizer, self.receiver, self.timeout_s = url.rstrip("/"), tokenizer, receiver, timeout_s
+    WEIGHTS = ("snapshot", "push")
+    GENERATES_AHEAD = True
+
+    def __init__(self, model: LanguageModel, receiver: WeightReceiver, url: str,
+                 timeout_s: PositiveNumber = 300.0, run_dir: str | os.PathLike | None = None):
+        """``url``: the server's (http://127.0.0.1:8000); ``timeout_s``: the longest wait for an answer of it."""
+        self.url, self.receiver, self.timeout_s = url.rstrip("/"), receiver, timeout_s
+        self.tokenizer = model.tokenizer()
         self._doing = "connecting"
         try:
             self.info = check_server(self.url, min(timeout_s, _CHECK_S))
         except ServerError as e:
             raise CollectorError(str(e)) from None
-        if self.info["dtype"] != f"torch.{dtype}":
-            raise CollectorError(f"collector.vllm_url={self.url}: the server computes in {self.info['dtype']}, the "
-                                 f"learner in {dtype} (model.dtype); restart the server with --dtype {dtype}")
+        if self.info["dtype"] != f"torch.{model.dtype}":
+            raise CollectorError(f"engine.url={self.url}: the server computes in {self.info['dtype']}, the "
+                                 f"learner in {model.dtype} (model.dtype); restart the server with --dtype "
+                                 f"{model.dtype}")
         self._pool, self._pending = None, None
         # before anything reaches the server: refused while another run holds it
         self.claim = ServerClaim(self, run_dir)
         try:
             self._pool = ThreadPoolExecutor(max_workers=_IN_FLIGHT, thread_name_prefix="rltrain-vllm-server")
             self._doing = "loading the learner's weights"
-            receiver.connect(ServerModel(self))  # the first load: the server's model is checked against the learner's
-            receiver.attach(ServerClient(self), self.info["model"])  # or the first push through vLLM's transfer API
+            # sync=vllm: the first load, which checks the server's model against the learner's (with
+            # sync=vllm_transfer, the first push, once build connects the sender)
+            receiver.connect(ServerModel(self))
         except BaseException:
             self.close()
             raise
         self.version = receiver.version
+
+    @classmethod
+    def check_config(cls, values: dict, config: dict) -> None:
+        """``engine.url`` is a URL where a vLLM server answers, in dev mode, with rltrain's worker extension,
+        the log-probs GRPO needs and the sync scheme's backend (asked of it now: a few seconds at most)."""
+        url = values.get("url")
+        if not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+            raise ConfigError(f"engine.url={url!r} is not a URL; give the server's, e.g. "
+                              "engine.url=http://127.0.0.1:8000 (or engine=vllm for rltrain's own engine)")
+        check_sampling(config)
+        try:
+            check_server(url, backend=config.get("sync", {}).get("backend"))
+        except ServerError as e:
+            raise ConfigError(str(e)) from None
+
+    def transfer_client(self) -> ServerClient:
+        return ServerClient(self)
 
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
         self.submit(prompts, group_size, sampling, seed)
@@ -219,8 +244,8 @@ class VLLMServer(Engine):
                 raise self._fault(future.exception())
         if late:
             raise CollectorError(f"the vLLM server at {self.url} did not finish {len(late)} of {len(futures)} "
-                                 f"requests within {self.timeout_s:g}s while {self._doing} (collector.timeout_s); "
-                                 "it is stuck, or slower than that: raise collector.timeout_s")
+                                 f"requests within {self.timeout_s:g}s while {self._doing} (engine.timeout_s); "
+                                 "it is stuck, or slower than that: raise engine.timeout_s")
 
     def _complete(self, ids: list[int], params: dict) -> tuple[list, float]:
         """One request's completions (token ids, their log-probs, cut by max_tokens), and when it ended."""
@@ -250,8 +275,8 @@ class VLLMServer(Engine):
         """Have the server load the newest pushed weights now; returns the version it holds."""
         self._idle("sync")
         self.claim.renew()
-        self.receiver.poll()
-        self.version = self.receiver.version
+        if self.receiver.poll():  # sync=vllm: the newest slot, loaded (a push through vLLM's API sets it itself)
+            self.version = self.receiver.version
         return self.version
 
     def rpc(self, method: str, *args: str, doing: str) -> list:
@@ -282,6 +307,7 @@ class VLLMServer(Engine):
             self._pool.shutdown(wait=False, cancel_futures=True)
             self._pool, self._pending = None, None
         self.claim.release()
+        self.receiver.close()
 
 
 class ServerClaim:
@@ -312,13 +338,13 @@ class ServerClaim:
         answer = self.server.rpc("rltrain_claim", self._json, doing="renewing this run's claim on the server")[0]
         if "held" in answer:
             raise CollectorError(f"this run's claim on the vLLM server at {self.server.url} lapsed (not renewed "
-                                 f"within {_LEASE_S:g} s) and another run holds it now ({describe(answer['held'])})")
+                                 f"within {LEASE_S:g} s) and another run holds it now ({describe(answer['held'])})")
 
     def _keep(self) -> None:
-        body = {"method": "rltrain_claim", "args": [self._json], "timeout": _RENEW_S}
-        while not self._stop.wait(_RENEW_S):
+        body = {"method": "rltrain_claim", "args": [self._json], "timeout": RENEW_S}
+        while not self._stop.wait(RENEW_S):
             try:
-                call(self.server.url, "/collective_rpc", body, timeout=_RENEW_S)
+                call(self.server.url, "/collective_rpc", body, timeout=RENEW_S)
             except ServerError:
                 pass  # the run's own calls name a server that is gone or stuck; renew() one that another run took
 
@@ -328,135 +354,12 @@ class ServerClaim:
             return
         self._stop.set()
         if self._keeper is not None:  # a renewal in flight would otherwise claim the server again after this
-            self._keeper.join(timeout=_RENEW_S + 1)
+            self._keeper.join(timeout=RENEW_S + 1)
         try:
             call(self.server.url, "/collective_rpc", {"method": "rltrain_release", "args": [self.token]},
                  timeout=min(self.server.timeout_s, _CHECK_S))
         except ServerError:
             pass
-
-
-def holder(pid: int | None = None, run_dir: str | os.PathLike | None = None) -> dict:
-    """Who claims a server: the process ``pid`` of this machine (None: this one), where its pid means it
-    (this boot's pid namespace, where a server that shares it checks that it lives), its run dir (None: the
-    one it holds open, if one), its command, since when; and a token of its own."""
-    pid = os.getpid() if pid is None else pid
-    run_dir = str(run_dir) if run_dir is not None else _run_dir(pid)
-    return {"token": uuid.uuid4().hex, "pid": pid, "started": _started(pid), "where": _pid_space(),
-            "host": socket.gethostname(), "run_dir": run_dir, "command": _command(pid),
-            "since": datetime.now().isoformat(timespec="seconds"), "lease_s": _LEASE_S}
-
-
-def describe(holder: dict) -> str:
-    """The run a claim names, for a message: its run dir (or command), pid, host and since when."""
-    run = f"run dir {holder['run_dir']}" if holder.get("run_dir") else f"`{holder.get('command')}`"
-    seen = "" if _sees(holder) else (f"; from another machine or container, its claim lapses "
-                                     f"{holder['lease_s']:g} s after it last renewed it")
-    return f"{run}, pid {holder['pid']} on {holder['host']}, since {holder['since']}{seen}"
-
-
-def in_use(url: str, holder: dict) -> str:
-    return (f"collector.vllm_url={url} is in use by another run ({describe(holder)}); a vLLM server serves one "
-            "run's weights at a time (no setting overrides it: two runs would push theirs into one model). Wait "
-            "for that run to end or stop it, or start a second server for this run on another --port")
-
-
-class ClaimLedger:
-    """The worker extension's record of the run that holds its server, if any. A holder this process can
-    see live (``_sees``) holds it while its process lives (a pid reused since is another process: its
-    start time differs); one elsewhere, while it renews its claim within its lease. vLLM runs the
-    extension's RPCs one at a time: a claim is atomic."""
-
-    def __init__(self, clock=time.monotonic):
-        self._clock, self._held, self._renewed = clock, None, 0.0
-
-    def holder(self) -> dict | None:
-        """The live holder (None: the server is free); a dead or lapsed one is forgotten."""
-        held = self._held
-        if held is not None and not (_alive(held) if _sees(held) else
-                                     self._clock() - self._renewed <= held["lease_s"]):
-            self._held = None
-        return self._held
-
-    def claim(self, holder: dict) -> dict | None:
-        """Take the server for ``holder`` (or renew its claim); the live holder in the way, if another."""
-        held = self.holder()
-        if held is not None and held["token"] != holder["token"]:
-            return public(held)
-        self._held, self._renewed = holder, self._clock()
-        return None
-
-    def holds(self, token: str) -> bool:
-        held = self.holder()
-        return held is not None and held["token"] == token
-
-    def release(self, token: str) -> None:
-        if self.holds(token):
-            self._held = None
-
-
-def public(holder: dict | None) -> dict | None:
-    """A holder as others are told of it: without the token that renews and releases its claim."""
-    return None if holder is None else {k: v for k, v in holder.items() if k != "token"}
-
-
-def _sees(holder: dict) -> bool:
-    """Whether this process can tell if ``holder``'s process lives: its pid means the same here."""
-    return holder.get("where") is not None and holder["where"] == _pid_space() and holder.get("started") is not None
-
-
-def _alive(holder: dict) -> bool:
-    return _started(holder["pid"]) == holder["started"]
-
-
-def _pid_space() -> str | None:
-    """This boot's id and this process's pid namespace (None off Linux): where a pid names one process."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            return f"{f.read().strip()} {os.readlink('/proc/self/ns/pid')}"
-    except OSError:
-        return None
-
-
-def _started(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot); None if there is none, or only its zombie (a
-    killed learner that its parent, a sweep's launcher say, has not reaped yet)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return None if fields[0] == "Z" else int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _run_dir(pid: int) -> str | None:
-    """The run dir process ``pid`` holds (the lock ``rltrain.run_dir`` keeps open while a run lasts), if one."""
-    from rltrain.run_dir import LOCK_FILE
-
-    try:
-        fds = os.listdir(f"/proc/{pid}/fd")
-    except OSError:
-        return None
-    held = set()
-    for fd in fds:
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.endswith(f"/{LOCK_FILE}"):
-            held.add(os.path.dirname(target))
-    return held.pop() if len(held) == 1 else None
-
-
-def _command(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().decode(errors="replace").split("\0")[:-1]
-    except OSError:
-        argv = sys.argv if pid == os.getpid() else ["?"]
-    argv[0] = os.path.basename(argv[0])
-    command = " ".join(argv)
-    return command if len(command) <= 200 else command[:197] + "..."
 
 
 class ServerModel:
@@ -467,7 +370,7 @@ class ServerModel:
         self.server = server
         self._addresses: dict[int, str] = {}
 
-    def load_slot(self, slot) -> None:
+    def load_slot(self, slot, version: int) -> None:
         server = self.server
         address = self._addresses.get(id(slot))
         if address is None:
@@ -500,7 +403,7 @@ class ServerClient:
     resumes (``abort`` resumes it after a failed push). ``version``: what the push is stamped with."""
 
     def __init__(self, server: VLLMServer):
-        self.server, self.version = server, 0
+        self.server, self.version, self.source = server, 0, server.info["model"]
 
     def init_weight_transfer_engine(self, init_info: dict) -> None:
         self.server.post("/init_weight_transfer_engine", "joining the learner for weight transfer",
@@ -536,7 +439,7 @@ class ServerClient:
         """This machine's address as the server reaches it (the store or rendezvous of the transfer)."""
         from urllib.parse import urlsplit
 
-        from rltrain.llm.vllm_transfer import address_toward
+        from rltrain.llm.vllm.backends import address_toward
 
         return address_toward(urlsplit(self.server.url).hostname)
 
@@ -552,92 +455,3 @@ class ServerClient:
                 pass  # gone, stuck, or no update to end: the push's own fault is the one to report
 
 
-def slot_address(slot) -> dict:
-    """Where another process of this machine (and user) maps ``slot`` (a shared FlatBuffer): the path
-    of its shared-memory file under /proc, its size, and each weight's place in it."""
-    fd, nbytes = slot.buffer.untyped_storage()._share_fd_cpu_()
-    stat = os.fstat(fd)
-    return {"protocol": PROTOCOL, "path": f"/proc/{os.getpid()}/fd/{fd}", "nbytes": nbytes,
-            "file": [stat.st_dev, stat.st_ino],  # what the path must name where the server opens it
-            "weights": [[name, list(shape), str(dtype).removeprefix("torch."), slot.offset(name)]
-                        for name, (shape, dtype) in slot.layout.items()]}
-
-
-def open_slot(address: dict) -> dict[str, torch.Tensor]:
-    """The weights of ``slot_address``'s slot, read in place (a shared mapping of the learner's file);
-    OSError where this process cannot open it, or the path names another file here (another pid
-    namespace: another machine or container)."""
-    stat = os.stat(address["path"])
-    if [stat.st_dev, stat.st_ino] != address["file"] or stat.st_size != address["nbytes"]:
-        raise OSError(f"{address['path']} is not the learner's slot here")
-    storage = torch.UntypedStorage.from_file(address["path"], shared=True, nbytes=address["nbytes"])
-    buffer = torch.empty(0, dtype=torch.uint8).set_(storage)
-    views = {}
-    for name, shape, dtype, offset in address["weights"]:
-        dtype = getattr(torch, dtype)
-        count = torch.Size(shape).numel()
-        views[name] = buffer[offset:offset + count * dtype.itemsize].view(dtype).view(shape)
-    return views
-
-
-class WorkerExtension:
-    """Mixed into vLLM's worker by ``--worker-extension-cls rltrain.llm.vllm_server.WorkerExtension``: what
-    rltrain calls through the server's ``/collective_rpc``. Imports nothing of vLLM's at import time."""
-
-    def rltrain_info(self) -> dict:
-        config = self.model_runner.model_config
-        transfer = getattr(self.vllm_config, "weight_transfer_config", None)
-        return {"protocol": PROTOCOL, "model": config.model, "logprobs_mode": str(config.logprobs_mode),
-                "dtype": str(config.dtype), "pid": os.getpid(), "holder": public(self._rltrain_claims().holder()),
-                "weight_transfer": None if transfer is None else transfer.backend}
-
-    def rltrain_claim(self, holder: str) -> dict:
-        """Take the server for the run ``holder`` names (``holder()``'s, as JSON), or renew its claim:
-        ``{"leased": ...}`` (whether the claim lapses unless renewed), or ``{"held": ...}``, the other run
-        that holds it."""
-        quiet_reloads()  # the first thing a run asks: vLLM's lines of each reload are shown once from now on
-        holder = json.loads(holder)
-        claims = self._rltrain_claims()
-        if (held := claims.claim(holder)) is not None:
-            return {"held": held}
-        return {"leased": not _sees(holder)}
-
-    def rltrain_release(self, token: str) -> dict:
-        self._rltrain_claims().release(token)
-        return {"released": token}
-
-    def _rltrain_claims(self) -> ClaimLedger:
-        if getattr(self, "_rltrain_ledger", None) is None:
-            self._rltrain_ledger = ClaimLedger()
-        return self._rltrain_ledger
-
-    def rltrain_load(self, address: str, token: str) -> dict:
-        """Load the learner's slot at ``address`` (``slot_address``'s, as JSON) into the model in place, for
-        the run holding the claim ``token``; a refusal comes back as ``{"error": ..., "kind": "map" | "claim" |
-        "weights"}`` (the learner raises it). The slot is mapped for this load only: the server keeps nothing
-        of a learner between pushes, so a learner that dies leaves none of its memory held here."""
-        from rltrain.llm.vllm_engine import VLLMModel
-
-        claims = self._rltrain_claims()
-        if not claims.holds(token):
-            held = claims.holder()
-            return {"kind": "claim", "error": "this run does not hold the server any more (restarted since, or its "
-                                              "claim lapsed)" + (f"; {describe(held)} does" if held else "")}
-        address = json.loads(address)
-        try:
-            weights = open_slot(address)
-        except OSError as e:
-            return {"kind": "map", "error": f"it cannot map the learner's weight slot {address['path']} ({e}); it "
-                                            "must run on the learner's machine (not in another container), as "
-                                            "the learner's user"}
-        if getattr(self, "_rltrain_model", None) is None:
-            self._rltrain_model = VLLMModel(self.model_runner.get_model(), self.model_runner.model_config)
-        try:
-            self._rltrain_model.load(weights)
-        except ValueError as e:
-            return {"kind": "weights", "error": str(e)}
-        return {"loaded": address["path"]}
-
-
-if "vllm" in sys.modules:  # imported by vLLM's worker (the extension): rltrain's gloo backend into vLLM's factories
-    import rltrain.llm.vllm_transfer  # noqa: E402, F401
