@@ -24,7 +24,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 LISTENED = ("collector=lockstep", "sync=distributed", "sync.listeners=1", "trainer.stop_at_return=null",
             "hooks.progress.bar=false")
 
-# The README's listener, saying where it is: before listen(), once connected, each version, how it ended.
+# The listener of docs/scaling-out.md, saying where it is: before listen(), once connected, each version, how it ended.
 LISTENER = """
 import sys, time
 import gymnasium as gym

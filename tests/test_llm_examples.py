@@ -1,5 +1,5 @@
-"""The README's language-model examples, run as written: a reward of your own beside the task's or
-instead of it (the rewards each command composes), the "your own reward" example learning the task
+"""The language-model examples of docs/language-models.md, run as written: a reward of your own beside the
+task's or instead of it (the rewards each command composes), the "your own reward" example learning the task
 and its penalty, and LoRA learning where the output layer lets it (and why the 64-wide tiny model's
 does not)."""
 
@@ -17,11 +17,13 @@ from rltrain.llm import tiny
 from tests.conftest import ROOT, learning_check, make_config
 from tests.test_outputs import read_jsonl
 
+PAGE = ROOT / "docs" / "language-models.md"
+
 
 def readme_commands(bullet: str) -> list[list[str]]:
-    """The ``python -m`` commands in the code blocks of the README's ``- **bullet**`` item (up to the next item
-    or heading), each as the arguments after ``python -m`` (the module first)."""
-    item = re.split(r"\n(?:- \*\*|#)", (ROOT / "README.md").read_text().split(f"- **{bullet}**", 1)[1], maxsplit=1)[0]
+    """The ``python -m`` commands in the code blocks of the ``- **bullet**`` item of docs/language-models.md (up to
+    the next item or heading), each as the arguments after ``python -m`` (the module first)."""
+    item = re.split(r"\n(?:- \*\*|#)", PAGE.read_text().split(f"- **{bullet}**", 1)[1], maxsplit=1)[0]
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", item, re.S):
         for line in block.replace("\\\n", " ").splitlines():
@@ -64,7 +66,7 @@ def test_a_mapping_given_whole_is_merged_into_the_task_s_as_the_readme_warns(pre
 def test_the_64_wide_tiny_model_s_frozen_output_layer_caps_every_token_near_5_percent(tmp_path):
     """Why LoRA (which leaves the tied embedding, the output layer, as it is) cannot learn on the tiny model from
     random weights: the best probability any token can get, from a hidden state of the final norm's size aimed
-    straight at its embedding. 256 wide, the README's LoRA example, lets a token stand out."""
+    straight at its embedding. 256 wide, the docs' LoRA example, lets a token stand out."""
     from transformers import AutoModelForCausalLM
 
     best = {}

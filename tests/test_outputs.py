@@ -181,7 +181,7 @@ def read_wandb_records(path):
 
 
 def test_the_readmes_python_example_runs_as_written(tmp_path):
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "python.md").read_text()
     block = readme.split("<!-- python-example -->", 1)[1].split("<!-- /python-example -->", 1)[0]
     code = block.split("```python\n", 1)[1].split("```", 1)[0]
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300,
