@@ -236,3 +236,19 @@ def test_a_dataset_task_is_read_once_for_the_check_the_collector_and_the_eval_ho
                                 "trainer.total_frames=64"), run_dir=tmp_path / "run").fit()
     assert summary["status"] == "completed" and "eval_return" in summary
     assert reads == [str(data)]  # one task, made by the config check, used by the run
+
+
+def test_a_batch_generated_ahead_and_checkpointed_before_batches_said_how_they_were_sampled_resumes(tmp_path):
+    # a checkpoint of a max_lag=1 run written before issue 35 holds its batch ahead without these keys
+    trainer = build(make_config(*SHORT, "collector.temperature=0.7"), run_dir=tmp_path / "run")
+    try:
+        collector = trainer.collector
+        ahead = next(iter(collector)).exclude("temperature", "max_new_tokens")
+        state = {**collector.state_dict(), "ready": ahead}
+        collector.load_state_dict(state)
+        batch = next(iter(collector))
+        assert batch["temperature"].eq(0.7).all() and batch["max_new_tokens"].eq(2).all()
+        assert trainer.algo.update(batch)["grpo/lr"] > 0  # the learner takes it
+    finally:
+        trainer.collector.close()  # only the collector and the learner are used: nothing else stays open
+        trainer.run_dir_lock.release()

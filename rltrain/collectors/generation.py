@@ -152,7 +152,15 @@ class GenerationCollector(Collector):
             raise ValueError("cannot restore the task with a batch generated ahead of it")
         self.task.load_state_dict(state["task"])
         self.seed, self.batches = int(state["seed"]), int(state["batches"])
-        self._ready = state.get("ready")
+        ready = state.get("ready")
+        if ready is not None and "temperature" not in ready.keys():
+            # saved before batches said how they were sampled: with this collector's settings, as they were then
+            shape = ready.shape
+            ready = ready.reshape(-1)
+            ready["temperature"] = torch.full((ready.numel(),), self.sampling.policy_temperature)
+            ready["max_new_tokens"] = torch.full((ready.numel(),), self.sampling.max_new_tokens, dtype=torch.int64)
+            ready = ready.reshape(*shape)
+        self._ready = ready
 
     def close(self) -> None:
         self.engine.close()
