@@ -73,8 +73,9 @@ class Checked:
 def validate(cfg: DictConfig) -> Checked:
     """Raise ConfigError for the first problem found in ``cfg``; what it made, for build()."""
     for key in sorted(OmegaConf.missing_keys(cfg)):  # ``???`` in an option: a value only the user can give
-        owner = OmegaConf.select(cfg, f"{key.split('.')[0]}._target_", default=None)
-        by = f" by {key.split('.')[0]}={owner.rsplit('.', 1)[-1]}" if owner else ""
+        group = key.split(".")[0]
+        owner = OmegaConf.select(cfg, f"{group}._target_", default=None)
+        by = f" by {_label(group, _import_target(group, owner))}" if owner else ""
         raise ConfigError(f"{key} is required{by}: give it on the command line, e.g. {key}=...")
     try:
         resolved = OmegaConf.to_container(cfg, resolve=True)
@@ -96,6 +97,11 @@ def validate(cfg: DictConfig) -> Checked:
     for name, node in (cfg.get("logger") or {}).items():
         _check_requires(f"logger.{name}", _import_target(f"logger.{name}", node._target_))
     language = is_language_task(cfg)
+    if not language and "engine" in parts:  # before the combinations: an engine's own sync choice is beside the point
+        if TOKENS in capability(parts["algo"][0], Algo, "ACTION_SPACES"):  # algo=grpo chose the engine
+            raise _language_algo_on_gym_env(parts["algo"][0], cfg.env.get("id"))
+        raise ConfigError(f"{_label('engine', parts['engine'][0])} generates completions for a language task, and "
+                          f"env.id={cfg.env.get('id')!r} is a gymnasium env; leave the engine out (~engine)")
     checked = Checked()
     if language:  # before the parts' combinations: those of an algo that cannot learn the task are beside the point
         checked.task = _check_task(cfg, parts)
@@ -105,9 +111,6 @@ def validate(cfg: DictConfig) -> Checked:
             cls.check_config(values, resolved)
     if not language:
         _check_env(cfg)
-        if "engine" in parts:
-            raise ConfigError(f"{_label('engine', parts['engine'][0])} generates completions for a language task, and "
-                              f"env.id={cfg.env.get('id')!r} is a gymnasium env; leave the engine out (~engine)")
     if OmegaConf.select(cfg, "hooks.eval.video", default=False):
         _check_video(cfg)
     return checked
@@ -194,14 +197,14 @@ def _check_part(cfg: DictConfig, path: str, target, owner: str, runtime: Iterabl
     except (TypeError, ValueError):
         params = {}
     if params and not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        allowed = [p for p in params if p not in runtime and p != "self"]
+        moved = getattr(target, "MOVED_KEYS", {})  # keys the class had once: the key that replaced each
+        for key in values:  # (collector.engine was a key and is now a runtime object: the move is the news)
+            if key in moved and key not in allowed:
+                raise ConfigError(f"{path}.{key} {moved[key]}")
         for key in values:
             if key in runtime:
                 raise ConfigError(f"{path}.{key} is set by rltrain at build time; remove it from the config")
-        allowed = [p for p in params if p not in runtime and p != "self"]
-        moved = getattr(target, "MOVED_KEYS", {})  # keys the class had once: the key that replaced each
-        for key in values:
-            if key in moved and key not in allowed:
-                raise ConfigError(f"{path}.{key} {moved[key]}")
         _check_keys(f"{path}.", values, [*allowed, *wiring], owner, listed=allowed)
     rules = parameter_rules(target)
     for key, value in values.items():
@@ -336,8 +339,7 @@ def _check_env(cfg: DictConfig) -> None:
     name = algo_cls.__name__
     supported = capability(algo_cls, Algo, "ACTION_SPACES")
     if TOKENS in supported:
-        raise ConfigError(f"algo={name} trains a language model on a language task (env=reverse, arithmetic or "
-                          f"dataset), but env.id={env_id!r} is a gymnasium env; use algo=ppo or algo=sac with it")
+        raise _language_algo_on_gym_env(algo_cls, env_id)
     if spec.action.kind not in supported:
         raise ConfigError(
             f"algo={name} supports {', '.join(supported)} action spaces, but env.id={env_id!r} has a "
@@ -392,6 +394,11 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> Task:
     return task
 
 
+def _language_algo_on_gym_env(algo: type, env_id: str) -> ConfigError:
+    return ConfigError(f"algo={algo.__name__} trains a language model on a language task (env=reverse, arithmetic or "
+                       f"dataset), but env.id={env_id!r} is a gymnasium env; use algo=ppo or algo=sac with it")
+
+
 def _check_weights(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
     """The sync scheme delivers weights the way what acts takes them: a generation engine's ``WEIGHTS``, or
     a collector's policy copies (``module``); a lag only an engine of its own process can generate ahead for."""
@@ -400,8 +407,12 @@ def _check_weights(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None
     engine = parts.get("engine", (None,))[0] if is_language_task(cfg) else None  # (else: _check_env's refusal)
     takes = ("module",) if engine is None else capability(engine, Engine, "WEIGHTS")
     if delivers not in takes:
-        fits = [f"sync={path.stem}" for path, cls in _options("sync")
-                if capability(cls, WeightSyncScheme, "DELIVERS") in takes]
+        collector, algo = parts["collector"][0], parts["algo"][0]
+        fits = [f"sync={path.stem}" for path, cls in _options("sync")  # those the other checks let through too
+                if capability(cls, WeightSyncScheme, "DELIVERS") in takes
+                and not (capability(cls, WeightSyncScheme, "CROSS_PROCESS_ONLY")
+                         and capability(collector, Collector, "IN_LEARNER_PROCESS"))
+                and not (capability(algo, Algo, "NEEDS_PUSHES") and not capability(cls, WeightSyncScheme, "PUSHES"))]
         what = _label("engine", engine) if engine is not None else _label("collector", parts["collector"][0])
         raise ConfigError(f"{_label('sync', sync)} delivers weights as {delivers}, and {what} takes them as "
                           f"{' or '.join(takes)}; use {' or '.join(fits) or 'a sync scheme that delivers those'}")

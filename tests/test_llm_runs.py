@@ -81,7 +81,7 @@ def no_tokenizer(tmp_path_factory):
     (("collector.group_size=1", "collector.frames_per_batch=16", "algo.scale_rewards=false"),
      r"collector.group_size=1 with algo=grpo: a group of one completion has no spread to learn from"),
     (("collector.greedy=true",), r"collector.greedy=true with algo=grpo: every completion of a group would be"),
-    (("env=dataset",), r"env.path is required by env=Dataset"),
+    (("env=dataset",), r"env.path is required by env=dataset"),
     (("collector.frames_per_batch=100",), r"collector.frames_per_batch \(100\) must be a multiple of "
                                           r"collector.group_size \(8\)"),
     (("+env.rewards.bad._target_=os.sep",), r"env.rewards.bad._target_=os.sep is not callable"),

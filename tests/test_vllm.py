@@ -192,6 +192,8 @@ def test_sampled_log_probs_are_the_learner_s_and_a_seed_repeats_a_batch(served):
                         r"model\.layers\.0\.self_attn\.k_proj\.bias"),
 ])
 def test_a_learner_whose_weights_vllm_cannot_take_is_refused_naming_them(tmp_path, learner, message):
+    from multiprocessing import resource_tracker
+
     import psutil
 
     from rltrain.llm.vllm.engine import VLLMEngine
@@ -200,6 +202,7 @@ def test_a_learner_whose_weights_vllm_cannot_take_is_refused_naming_them(tmp_pat
     other = LanguageModel(str(write_tiny_model(tmp_path / "other", **learner))).load()
     scheme = VLLMSlotsSync()
     scheme.sender(other)
+    resource_tracker.ensure_running()  # multiprocessing's own helper, for the whole process: not the engine's
     before = set(psutil.Process().children())
     with pytest.raises(CollectorError, match=r"do not fit the engine's model: " + message):
         VLLMEngine(LanguageModel(str(served_dir)), scheme.receiver(), timeout_s=60)
@@ -332,9 +335,11 @@ def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None 
     (("algo=grpo", *VLLM, "sync=shared_mem"), "sync=shared_mem delivers weights as module, and engine=vllm takes "
                                                "them as snapshot or push; use sync=vllm or sync=vllm_transfer"),
     (("algo=grpo", "sync=vllm"), "sync=vllm delivers weights as snapshot, and engine=transformers takes them as "
-                                 "module; use sync=distributed or sync=none or sync=pipe or sync=shared_mem"),
+                                 "module; use sync=shared_mem"),  # (only what the other checks let through too)
     (("sync=vllm",), "sync=vllm delivers weights as snapshot, and collector=local takes them as module"),  # CartPole
     (("engine=transformers",), "engine=transformers generates completions for a language task"),  # CartPole
+    (("engine=vllm",), "engine=vllm generates completions for a language task"),  # (its sync=vllm beside the point)
+    (("algo=grpo", "+collector.engine=vllm"), "collector.engine is now engine=transformers|vllm|vllm_server"),
     (("algo=grpo", "collector.max_lag=1"), "collector.max_lag=1 generates the next batch while the learner updates, "
                                            "which engine=transformers cannot"),
     (("algo=grpo", *VLLM, "collector.max_lag=2"), "collector.max_lag must be 0 (generate, then update) or 1"),

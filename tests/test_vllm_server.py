@@ -298,7 +298,7 @@ def test_a_server_that_does_not_answer_is_one_line_before_training(url, message)
 
 
 def test_a_server_engine_without_its_url_names_the_key():
-    with pytest.raises(ConfigError, match=re.escape("engine.url is required by engine=VLLMServer: give it on the "
+    with pytest.raises(ConfigError, match=re.escape("engine.url is required by engine=vllm_server: give it on the "
                                                     "command line, e.g. engine.url=...")):
         validate(make_config("algo=grpo", "engine=vllm_server"))
 
