@@ -16,7 +16,9 @@ tensors and Python values (it loads with ``weights_only=True``), under the keys 
   generator; None: async workers' envs start fresh episodes);
 - ``loggers``: e.g. the wandb run id, so a resumed run continues the same wandb run;
 - ``rng``: Python, numpy and torch (CPU and CUDA) generator states;
-- ``config``: the resolved config that wrote it (``resume=auto`` matches on it).
+- ``config``: the resolved config that wrote it (``resume=auto`` matches on it);
+- ``ranks``: with a data-parallel learner (``strategy=ddp``), the ``collector`` and ``rng`` of ranks
+  1, 2, ... in order (rank 0's are the keys above; the rest of the state is the same on every rank).
 
 A checkpoint of an older format is upgraded as it is loaded, one ``MIGRATIONS`` step per format
 (the file itself is left as it is). Files are written to a temporary name and renamed, so a crash
@@ -67,6 +69,8 @@ COLLECTOR_KEY = "collector"
 LOGGERS_KEY = "loggers"
 RNG_KEY = "rng"
 CONFIG_KEY = "config"
+RANKS_KEY = "ranks"
+PER_RANK = (COLLECTOR_KEY, RNG_KEY)  # what differs between the ranks of a data-parallel learner
 
 DIRNAME = "checkpoints"
 CONFIG_FILE = "config.json"  # the writing run's config, next to its checkpoints (for resume=auto)
@@ -75,9 +79,10 @@ _NAME = re.compile(r"^frames_(\d+)\.pt$")
 
 def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector_state: dict | None,
             sender: WeightSender, loggers: Sequence[Logger], config: dict,
-            replay_buffer: bool = True) -> dict[str, Any]:
+            replay_buffer: bool = True, ranks: list[dict] | None = None) -> dict[str, Any]:
     """Everything a run needs to go on as if it had never stopped (the keys listed above), the collector's
-    state as ``collector.state_dict()`` gave it (None: left out; a resumed run's envs start fresh episodes)."""
+    state as ``collector.state_dict()`` gave it (None: left out; a resumed run's envs start fresh episodes),
+    and the other ranks' ``PER_RANK`` parts (``rank_part``) of a data-parallel learner."""
     algo_state, published = algo.state_dict(replay_buffer=replay_buffer), sender.published()
     # Weights and optimizer state: the replay buffer holds what the envs returned (checked as it
     # arrives), and an interrupted update may hold the NaN losses of steps algo.nonfinite=skip skipped.
@@ -95,15 +100,29 @@ def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector_
         LOGGERS_KEY: {_class_path(type(lg)): lg.state_dict() for lg in loggers},
         RNG_KEY: rng_state(),
         CONFIG_KEY: config,
+        RANKS_KEY: ranks,
     }
+
+
+def rank_part() -> dict[str, Any]:
+    """This rank's ``PER_RANK`` part of a checkpoint, but for the collector, which the caller adds."""
+    return {RNG_KEY: rng_state()}
 
 
 class Restore:
     """A checkpoint being resumed from, handing each part of the run its saved state as ``build``
     makes it (``Restore.none()`` for a fresh run: every part keeps its fresh state)."""
 
-    def __init__(self, saved: dict[str, Any] | None, path: Path | None = None):
-        self.saved, self.path = saved, path
+    def __init__(self, saved: dict[str, Any] | None, path: Path | None = None, rank: int = 0):
+        self.saved, self.path, self.rank = saved, path, rank
+
+    def _part(self, key: str) -> Any:
+        """This rank's ``key`` (one of ``PER_RANK``); None where the checkpoint has none for it (written by
+        fewer ranks)."""
+        if self.rank == 0:
+            return self.saved[key]
+        ranks = self.saved.get(RANKS_KEY) or []
+        return ranks[self.rank - 1][key] if self.rank <= len(ranks) else None
 
     @classmethod
     def none(cls) -> Restore:
@@ -153,11 +172,12 @@ class Restore:
         """The envs mid-episode, where they were; fresh episodes if that state is missing or does not load."""
         if not self.saved:
             return
-        if self.saved[COLLECTOR_KEY] is None:
+        saved = self._part(COLLECTOR_KEY)
+        if saved is None:
             log.info("resume: the collector's envs start fresh episodes (their state was not saved)")
             return
         try:
-            collector.load_state_dict(self.saved[COLLECTOR_KEY])
+            collector.load_state_dict(saved)
         except (CollectorError, OSError):  # a worker died or stopped answering: not a matter of fresh episodes
             raise
         except Exception as e:  # noqa: BLE001  (env.num_envs changed, an env package upgraded, ...)
@@ -182,7 +202,8 @@ class Restore:
         for name, hook in trainer.hooks.items():
             if name in saved_hooks:
                 hook.load_state_dict(saved_hooks[name])
-        set_rng_state(self.saved[RNG_KEY])
+        if (rng := self._part(RNG_KEY)) is not None:  # else a rank the checkpoint did not have: as seeded
+            set_rng_state(rng)
 
 
 def _class_path(cls: type) -> str:

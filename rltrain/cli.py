@@ -36,7 +36,7 @@ lazy_dynamo.install()
 
 from rltrain import checkpoint, process_groups, stop_signals
 from rltrain.errors import CheckpointError, ConfigError, NonFiniteError, RunDirError, RunError
-from rltrain.factory import RefusedByLearner, build, serve_rank
+from rltrain.factory import RefusedByLearner, build, learner_ranks, serve_rank
 from rltrain.help import config_help
 from rltrain.run_dir import abandon_hydra_dir, log_file, record_invocation, unique_dir
 from rltrain.trainer import result_line
@@ -67,22 +67,27 @@ def run(cfg: DictConfig) -> float | None:
     """Train one run; returns its ``objective`` (the final evaluation return unless the config says
     otherwise), what an optimizing sweeper such as Optuna maximizes."""
     world = process_groups.current()
-    if world is not None and world.rank != 0:
+    main = world is None or world.rank == 0
+    if not main and not learner_ranks(cfg):
         return _collect_on_rank(cfg, world)
     with stop_signals.at_once() as seen:
         try:
             if _sweeping():
                 check_resume_in_sweep(cfg)
             trainer = build(cfg)  # locks the run dir before anything is written there
+        except RefusedByLearner as e:  # a learner rank: rank 0 has said why
+            return _exit(EXIT_REFUSED, str(e))
         except _REFUSED as e:
-            abandon_hydra_dir()
+            if main:  # (rank 0's dir: the other learner ranks of a job leave it to rank 0)
+                abandon_hydra_dir()
             return _refuse(e)
         except KeyboardInterrupt:
             return _stopped(seen.signum, f"stopped by {seen.signum.name} while starting; nothing was trained")
         except Exception as e:  # noqa: BLE001  (an env raising on reset, a worker dying at start-up)
             return _failed(e, "while starting")
         run_dir = trainer.state.run_dir
-        record_invocation(cfg, run_dir)
+        if main:
+            record_invocation(cfg, run_dir)
         try:
             summary = trainer.fit()
         except KeyboardInterrupt:

@@ -37,6 +37,10 @@ class CollectorError(RunError):
     """A collector worker raised, died or stopped answering; the message says which and why."""
 
 
+class LearnerRankError(RunError):
+    """A rank of a data-parallel learner (``strategy=ddp``) died or stopped answering; the message says which."""
+
+
 class EnvError(RunError):
     """An env's ``reset`` or ``step`` raised, or returned a non-finite observation or reward."""
 

@@ -11,6 +11,7 @@ given is stated in ``rltrain.wiring``.
 from __future__ import annotations
 
 import functools
+import importlib
 import inspect
 import json
 import logging
@@ -39,6 +40,7 @@ from rltrain.loggers import JsonlLogger
 from rltrain.protocols import Collector
 from rltrain.run_dir import RunDirLock, place
 from rltrain.state import TrainState
+from rltrain.strategies import Single, Strategy
 from rltrain.sync.base import WeightReceiver, WeightSender, WeightSyncScheme
 from rltrain.sync.distributed import CONTACT_FILE
 from rltrain.sync.shared_mem import SharedMemSync
@@ -49,6 +51,7 @@ from rltrain.wiring import (
     WIRING_KEYS,
     env_maker,
     plain_partial,
+    rank_share,
     runtime,
     task_rewards,
     without,
@@ -74,19 +77,77 @@ def build(cfg: DictConfig, run_dir: str | Path | None = None) -> Trainer:
     the run dir, or why the run was refused.
     """
     world = process_groups.current()
+    if learner_ranks(cfg):
+        return _build_on_rank(cfg, run_dir)
     if world is not None and world.rank != 0:
         raise ConfigError(f"build() makes the learner, which is rank 0; this is rank {world.rank} of a torchrun job, "
                           "which collects: rltrain.factory.serve_rank(cfg)")
     try:
-        return _build(cfg, run_dir, world)
+        return _build(cfg, run_dir, world, validate(cfg), Single())
     except BaseException as e:
         if world is not None and not world.store.check([_SETUP]):  # the collector ranks wait for it: tell them
             world.store.set(_SETUP, pickle.dumps({"refused": f"{type(e).__name__}: {e}"}))
         raise
 
 
-def _build(cfg: DictConfig, run_dir: str | Path | None, world: process_groups.World | None) -> Trainer:
+def learner_ranks(cfg: DictConfig) -> bool:
+    """Whether ``cfg`` runs a learner on every rank of a torchrun job (``strategy=ddp``)."""
+    node = cfg.get("strategy")
+    if node is None:
+        return False
+    module, _, name = str(node.get("_target_")).rpartition(".")
+    try:
+        return bool(getattr(getattr(importlib.import_module(module), name), "PARALLEL", False))
+    except (ImportError, ValueError, AttributeError):  # a target that does not import: the config check names it
+        return False
+
+
+def _build_on_rank(cfg: DictConfig, run_dir: str | Path | None) -> Trainer:
+    """This rank's learner of a data-parallel job: the config checked on every rank and compared with rank 0's,
+    then the run dir and the checkpoint that rank 0 places and reads, and this rank's share of the parts."""
     checked = validate(cfg)
+    strategy = _construct(cfg.strategy)
+    try:
+        _same_config_everywhere(strategy, OmegaConf.to_container(cfg, resolve=True))
+        if strategy.is_main:
+            told = []
+
+            def announce(setup: dict) -> None:
+                told.append(strategy.broadcast(setup))
+
+            try:
+                return _build(cfg, run_dir, None, checked, strategy, announce)
+            except BaseException as e:
+                if not told:  # the other ranks wait for the run dir: tell them why there is none
+                    strategy.broadcast({"refused": f"{type(e).__name__}: {e}"})
+                raise
+        setup = strategy.broadcast(None)
+        if "refused" in setup:
+            raise RefusedByLearner(f"rank 0 did not start the run: {setup['refused']}")
+        _log_to_file(Path(setup["run_dir"]) / "ranks" / f"{strategy.rank}.log")
+        for handler in logging.getLogger().handlers:  # the terminal tells rank 0's story; the others' warnings
+            if type(handler) is logging.StreamHandler:
+                handler.setLevel(logging.WARNING)
+        restore = checkpoint.Restore(setup["saved"], setup["path"], rank=strategy.rank)
+        trainer = _build_parts(cfg, OmegaConf.to_container(cfg, resolve=True), Path(setup["run_dir"]), None, restore,
+                               checked, strategy)
+        return trainer
+    except BaseException:
+        strategy.close()
+        raise
+
+
+def _same_config_everywhere(strategy, resolved: dict) -> None:
+    """Ranks started with different configs would learn different things: name the first key that differs."""
+    configs = strategy.gather(resolved)
+    for rank, other in enumerate(configs):
+        if changes := checkpoint.config_changes(configs[0], other):
+            raise ConfigError(f"the ranks were started with different configs: rank {rank} has {changes[0]} (against "
+                              "rank 0's); start every rank with the same command")
+
+
+def _build(cfg: DictConfig, run_dir: str | Path | None, world: process_groups.World | None, checked: Checked,
+           strategy, announce=None) -> Trainer:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     placement = place(cfg.get("resume"), resolved, run_dir)
     found = placement.checkpoint
@@ -97,7 +158,9 @@ def _build(cfg: DictConfig, run_dir: str | Path | None, world: process_groups.Wo
         if world is not None:  # every rank uses rank 0's run dir; envs a checkpoint cannot restore start reseeded
             world.store.set(_SETUP, pickle.dumps({"run_dir": str(Path(run_dir).resolve()), "version": restore.version,
                                                   "seed": cfg.seed + restore.frames}))
-        trainer = _build_parts(cfg, resolved, run_dir, lock, restore, checked)
+        if announce is not None:  # the other learner ranks: rank 0's run dir, and its checkpoint
+            announce({"run_dir": str(Path(run_dir).resolve()), "saved": restore.saved, "path": found})
+        trainer = _build_parts(cfg, resolved, run_dir, lock, restore, checked, strategy)
     except BaseException as e:
         if not placement.in_place and not isinstance(e, (ConfigError, CheckpointError, RunDirError)):
             # Started, then failed (an env raising on reset, a signal while workers start): say so.
@@ -110,16 +173,19 @@ def _build(cfg: DictConfig, run_dir: str | Path | None, world: process_groups.Wo
     return trainer
 
 
-def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLock,
-                 restore: checkpoint.Restore, checked: Checked) -> Trainer:
+def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLock | None,
+                 restore: checkpoint.Restore, checked: Checked, strategy: Strategy) -> Trainer:
     """env -> policy -> algo -> sync -> engine -> collector -> loggers -> hooks -> Trainer, each restored
-    from the checkpoint (if any) as it is made; whatever was started is closed if a step fails."""
-    _seed_everything(cfg.seed)
+    from the checkpoint (if any) as it is made; whatever was started is closed if a step fails. A rank of a
+    data-parallel learner collects its share (``rank_share``) and makes the loggers and the hooks that are
+    rank 0's only on rank 0."""
+    _seed_everything(cfg.seed)  # the same initial weights on every rank
     if cfg.get("threads"):
         torch.set_num_threads(cfg.threads)
-    device = resolve_device(cfg.device)
+    device = strategy.device(resolve_device(cfg.device))
+    share = rank_share(cfg, strategy.rank, strategy.size)  # cfg itself with one learner
 
-    make_env, env_spec, make_policy = _env_and_policy(cfg, checked.task)
+    make_env, env_spec, make_policy = _env_and_policy(share, checked.task)
     # A language model's run: the task (the one the config check read), the model node and the task's
     # rewards, for the engine, the collector and the hooks.
     task = checked.task
@@ -132,45 +198,53 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         # (clip_reward only with normalize_reward). Logged episode returns stay the env's own.
         reward_scaling = {k: cfg.env[k] for k in ENV_TO_ALGO
                           if k in cfg.env and cfg.env.get("sign_reward" if k == "sign_reward" else "normalize_reward")}
+        algo_args = {"strategy": strategy} if strategy.PARALLEL else {}  # (a user's own algo: single needs nothing)
         algo = _construct(without(cfg.algo, WIRING_KEYS["algo"]), **runtime(
-            "algo", policy=policy, device=device, total_frames=cfg.trainer.total_frames, **reward_scaling))
+            "algo", policy=policy, device=device, total_frames=cfg.trainer.total_frames, **reward_scaling,
+            **algo_args))
         restore.algo(algo, resolved)
+        if strategy.rank:  # each rank samples its own actions (rank 0 as one process would)
+            _seed_everything(share.seed + 7919 * strategy.rank)
         scheme = _construct(cfg.sync)
         sender = restore.sender(scheme, policy)
         cleanup.callback(sender.close)
         if (contact := sender.contact()) is not None:  # how a process of the user's own joins (rltrain.sync.listen)
             (run_dir / CONTACT_FILE).write_text(json.dumps(contact) + "\n")
         sender.start()
-        seed = cfg.seed + restore.frames  # a resumed run's collection does not replay the first frames' draws
+        seed = share.seed + restore.frames  # a resumed run's collection does not replay the first frames' draws
         engine = None
         if task is not None:
             engine = _build_engine(cfg.engine, scheme, sender, model, make_policy, device, seed, run_dir)
             cleanup.callback(engine.close)
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
-        collector = _instantiate_with(cfg.collector, **runtime(
+        collector = _instantiate_with(share.collector, **runtime(
             "collector", make_env=make_env, make_policy=make_policy, make_receiver=scheme.receiver, env_spec=env_spec,
             seed=seed, sender=sender, task=task, engine=engine, model=model, rewards=rewards, device=device))
         cleanup.callback(collector.close)
         restore.collector(collector)
 
-        loggers = _build_loggers(cfg, run_dir, resolved, restore, cleanup)
+        loggers = _build_loggers(cfg, run_dir, resolved, restore, cleanup) if strategy.is_main else []
         hooks = {}  # the checkpoint hook saves each hook's state: filled as they are made
         hook_args = runtime("hooks", policy=policy, sender=sender, sync=scheme, loggers=loggers, device=device,
                            make_env=functools.partial(make_env, seed=cfg.seed + 1_000_000), env_spec=env_spec,
                            run_dir=run_dir, algo=algo, collector=collector, config=resolved, hooks=hooks, task=task,
-                           model=model, rewards=rewards)
-        hooks.update((name, _instantiate_with(node, **hook_args)) for name, node in (cfg.get("hooks") or {}).items())
+                           model=model, rewards=rewards, strategy=strategy)
+        hooks.update((name, _instantiate_with(node, **hook_args)) for name, node in (cfg.get("hooks") or {}).items()
+                     if strategy.is_main or get_class(node._target_).ALL_RANKS)
 
         trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)  # the trainer's keys are its arguments
         if trainer_args.get("stop_at_return") == "auto":
             trainer_args["stop_at_return"] = env_spec.reward_threshold
         trainer = Trainer(**runtime("trainer", collector=collector, algo=algo, hooks=hooks, loggers=loggers,
-                                     run_dir=run_dir, max_lag=collector.max_lag, run_dir_lock=lock), **trainer_args)
+                                     run_dir=run_dir, max_lag=collector.max_lag, run_dir_lock=lock,
+                                     strategy=strategy), **trainer_args)
         restore.trainer(trainer)
         cleanup.pop_all()
-    log.info("run dir %s | %s on %s | %s collector | device %s%s", run_dir, type(algo).__name__, env_spec.id,
-             type(collector).__name__, device, f" | resumed at {restore.frames:,} frames" if restore.saved else "")
+    ranks = f" | learner rank {strategy.rank} of {strategy.size}" if strategy.PARALLEL else ""
+    resumed = f" | resumed at {restore.frames:,} frames" if restore.saved else ""
+    log.info("run dir %s | %s on %s | %s collector | device %s%s%s", run_dir, type(algo).__name__, env_spec.id,
+             type(collector).__name__, device, ranks, resumed)
     return trainer
 
 

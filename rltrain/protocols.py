@@ -22,12 +22,16 @@ class Algo(Protocol):
     Capabilities (class attributes, checked by build before anything starts): ``ACTION_SPACES``,
     the action-space kinds it learns on (``rltrain.envs.spaces.ActionSpec.kind``);
     ``OBSERVATIONS``, the observation-leaf kinds (``Leaf.kind``) its networks read;
-    ``NEEDS_PUSHES``, why it cannot work with a sync scheme that never pushes (None: it can).
+    ``NEEDS_PUSHES``, why it cannot work with a sync scheme that never pushes (None: it can);
+    ``DATA_PARALLEL``, whether it learns on data-parallel ranks (``strategy=ddp``: its constructor takes
+    ``strategy`` and routes its backward passes and global statistics through it), as the names of its
+    keys that are global sizes each rank takes its share of (None: one process only).
     """
 
     ACTION_SPACES = ("discrete", "box")
     OBSERVATIONS = ("vector", "discrete", "multi_discrete")
     NEEDS_PUSHES: str | None = None
+    DATA_PARALLEL: tuple[str, ...] | None = None
 
     def update(self, batch: TensorDict | None, should_stop: Callable[[], bool]) -> dict[str, float] | None:
         """Learn from ``batch``; None if ``should_stop()`` interrupted it between two gradient steps
@@ -51,13 +55,16 @@ class Collector(Protocol):
     ranks of a torchrun job (then the class has ``check_job(world, config)`` and ``rank_frames(config,
     ranks)``, the frames of one rank's batch, by which build sizes each rank's own collector; and
     only a sync scheme that ``REACHES_OTHER_RANKS`` can feed it); ``TASKS``, whether it collects from a
-    language task (prompts) with a generation engine (``engine=``) instead of from gymnasium envs.
+    language task (prompts) with a generation engine (``engine=``) instead of from gymnasium envs;
+    ``RANK_SPLIT``, the config keys besides ``collector.frames_per_batch`` that a data-parallel learner
+    (``strategy=ddp``) divides among its ranks, each rank collecting its share (None: it cannot be split).
     """
 
     BATCH_ENVS: tuple[str, ...] = ()
     IN_LEARNER_PROCESS = False
     ON_OTHER_RANKS = False
     TASKS = False
+    RANK_SPLIT: tuple[str, ...] | None = None
 
     max_lag: int | None = None  # the trainer drops batches with frames more versions old than this
 

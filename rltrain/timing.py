@@ -29,6 +29,7 @@ class PhaseTimer:
         self.cuda_sync = cuda_sync
         self.totals: dict[str, float] = defaultdict(float)
         self._window: dict[str, float] = defaultdict(float)
+        self.failed_in: str | None = None  # the phase an error came out of, if one did
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
@@ -36,6 +37,9 @@ class PhaseTimer:
         t0 = time.perf_counter()
         try:
             yield
+        except BaseException:
+            self.failed_in = self.failed_in or name  # the innermost phase under way (its handler runs first)
+            raise
         finally:
             self._sync()
             dt = time.perf_counter() - t0

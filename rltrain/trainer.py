@@ -6,6 +6,13 @@ or SIGTERM asked it to stop (the step under way is finished first; a second Ctrl
 once). A run that fails outside the learner (a collector, an engine, a reward, an evaluation, a
 weight push) fires ``failure`` first, so that what the learner has is kept (a checkpoint, the
 model). Every hook is ``close``d in all cases, after ``summary.json`` is written (also on error).
+
+With a data-parallel learner (``strategy=ddp``) every rank runs this loop on its own share of each batch,
+and the ranks agree at three points of each step, so that every rank takes the same decisions: whether
+to go on (a stop signal or a hook's stop seen by any rank), what the batch was (frames, episodes, lag of
+every rank's share: the state's figures are the whole job's) and, after the update, its metrics
+(averaged over the ranks) and which hooks are due (rank 0's schedules decide). Rank 0 writes
+summary.json; hooks run on rank 0 only unless they say ``ALL_RANKS``.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from rltrain.rules import PositiveInt, Satisfies, finite_number
 from rltrain.run_dir import RunDirLock
 from rltrain.state import TrainState
 from rltrain.stop_signals import StopRequested
+from rltrain.strategies import Single, Strategy
 
 log = logging.getLogger("rltrain")
 # trainer.stop_at_return; build() turns auto into the env's reward threshold.
@@ -50,6 +58,7 @@ class Trainer:
         return_window: PositiveInt = 10,
         max_lag: int | None = None,
         run_dir_lock: RunDirLock | None = None,
+        strategy: Strategy = Single(),
     ):
         self.collector, self.algo, self.hooks, self.loggers = collector, algo, dict(hooks), list(loggers)
         self.stop_at_return = stop_at_return
@@ -57,10 +66,13 @@ class Trainer:
         self.run_dir_lock = run_dir_lock  # released last, once everything is closed
         self.state = TrainState(Path(run_dir), total_frames, return_window)
         self._in_update = False  # between a batch being counted and the end of its update
+        self.strategy = strategy
+        self._parallel = strategy.PARALLEL
+        self._signal_seen: int | None = None  # data-parallel: a signal this rank got, until the ranks agree on it
 
     def fit(self) -> dict[str, Any]:
         """Train until ``total_frames`` (or ``stop_at_return``); returns what it writes to summary.json."""
-        if self._already_finished() and self._saved_status() == "completed":
+        if self._already_finished() and self.strategy.broadcast(self._saved_status()) == "completed":
             return self._nothing_to_do()
         status = "failed: unknown"
         with stop_signals.after_step(self._request_stop):  # until everything is closed: a second Ctrl-C stops at once
@@ -79,7 +91,8 @@ class Trainer:
                 raise
             finally:
                 summary = self.summary(status)
-                write_summary(self.state.run_dir, summary)
+                if self.strategy.is_main:
+                    write_summary(self.state.run_dir, summary)
                 self._close(summary)
         return summary
 
@@ -142,9 +155,12 @@ class Trainer:
 
     def _request_stop(self, signum: signal.Signals) -> None:
         """SIGINT/SIGTERM: finish the current step, then stop (checkpoint, summary)."""
-        if self.state.stop_signal is None:
+        if self.state.stop_signal is None and self._signal_seen is None:
             log.warning("%s: stopping after the current step (Ctrl-C again to stop at once)", signum.name)
-        self.state.stop_signal = signum
+        if self._parallel:  # every rank stops after the same step: at the next agreement
+            self._signal_seen = self._signal_seen or signum
+        else:
+            self.state.stop_signal = signum
 
     def _loop(self) -> None:
         """Collect and update until done or asked to stop. Once a stop is asked for, a collector or a
@@ -152,17 +168,28 @@ class Trainer:
         ends the loop as the stop would: the run is checkpointed as it stands."""
         try:
             self._steps()
-        except (CollectorError, SyncError) as e:
+        except Exception as e:
+            if self._parallel and (failure := self.strategy.failure(e, self._doing())) is not None:
+                raise failure from e
+            if not isinstance(e, (CollectorError, SyncError)):
+                raise
             if self.state.stop_signal is None:
                 raise
             log.warning("stopping as asked; what failed after the stop request is left out: %s", e)
+
+    def _doing(self) -> str:
+        """What this rank was doing when a step failed, as a data-parallel learner's error names it."""
+        phase = self.state.timer.failed_in
+        told = {"collect": "collecting its share of a batch", "update": "the update (its gradient averages)",
+                "sync": "a weight push", None: "an agreement of the ranks on the step"}
+        return told[phase] if phase in told else f"hook {phase.removeprefix('hooks/')}"
 
     def _steps(self) -> None:
         state, timer = self.state, self.state.timer
         if state.progress.mid_update_frames and not self._update(None):  # resumed mid-update: finish it first
             return
         batches = iter(self.collector)
-        while state.frames < state.total_frames and not state.should_stop and state.stop_signal is None:
+        while state.frames < state.total_frames and not self._stopping():
             with timer.phase("collect"):
                 batch = next(batches)
             lag = state.sync.version - batch["policy_version"]
@@ -197,44 +224,81 @@ class Trainer:
             state.window.accumulate({"nonfinite/skipped_steps": skipped})
         progress.updates += 1
         self._in_update = False
+        due = None
+        if self._parallel:
+            metrics, due = self._agree_on_update(metrics)
         state.metrics = metrics
         state.window.add(metrics)
         if solved := self._solved():
             progress.solved_at_frames = progress.frames
             log.info("solved: training return %.1f >= %s after %d frames",
                      state.episodes.mean_return, self.stop_at_return, progress.frames)
-        self._fire("update", last=solved or state.frames >= state.total_frames)
+        self._fire("update", last=solved or state.frames >= state.total_frames, due=due)
         return not solved
 
     def _stop_requested(self) -> bool:
-        return self.state.stop_signal is not None
+        # Data-parallel ranks finish every update they begin: each gradient step is a collective of all ranks.
+        return self.state.stop_signal is not None and not self._parallel
+
+    def _stopping(self) -> bool:
+        """Whether to stop before the next batch: a hook asked to, or a signal did (data-parallel: on any rank)."""
+        state = self.state
+        if self._parallel:
+            seen = self.strategy.gather((state.should_stop, self._signal_seen))
+            state.should_stop = any(stop for stop, _ in seen)
+            state.stop_signal = state.stop_signal or next((signal for _, signal in seen if signal), None)
+        return state.should_stop or state.stop_signal is not None
+
+    def _agree_on_update(self, metrics: dict) -> tuple[dict, set[str]]:
+        """Data-parallel: the update's metrics averaged over the ranks, and the hooks due (rank 0's schedules)."""
+        state = self.state
+        due = {name for name, hook in self.hooks.items() if hook.schedule.due(state)} if self.strategy.is_main else None
+        everyone = self.strategy.gather((metrics, due))
+        values: dict[str, list] = {}
+        for rank_metrics, _ in everyone:
+            for key, value in rank_metrics.items():
+                values.setdefault(key, []).append(value)
+        return {key: sum(v) / len(v) for key, v in values.items()}, everyone[0][1]
 
     def _account(self, batch: TensorDict, lag) -> None:
         state = self.state
-        state.progress.frames += batch.numel()
-        state.progress.batches += 1
         done = batch["done"]
-        if done.any():
-            state.episodes.add(batch["episode_return"][done].tolist(), batch["episode_length"][done].tolist())
-        if replaced := int(batch["nonfinite"].sum()):
+        figures = {"frames": batch.numel(), "returns": batch["episode_return"][done].tolist(),
+                   "lengths": batch["episode_length"][done].tolist(), "nonfinite": int(batch["nonfinite"].sum()),
+                   "lag_mean": lag.float().mean().item(), "lag_max": int(lag.max())}
+        if self._parallel:  # the whole job's batch: every rank's share
+            shares = self.strategy.gather(figures)
+            figures = {"frames": sum(f["frames"] for f in shares),
+                       "returns": [r for f in shares for r in f["returns"]],
+                       "lengths": [n for f in shares for n in f["lengths"]],
+                       "nonfinite": sum(f["nonfinite"] for f in shares),
+                       "lag_mean": sum(f["lag_mean"] for f in shares) / len(shares),
+                       "lag_max": max(f["lag_max"] for f in shares)}
+        state.progress.frames += figures["frames"]
+        state.progress.batches += 1
+        if figures["returns"]:
+            state.episodes.add(figures["returns"], figures["lengths"])
+        if replaced := figures["nonfinite"]:
             state.nonfinite.env_frames += replaced
             state.window.accumulate({"nonfinite/env_frames": replaced})
-        mean_lag, max_lag = lag.float().mean().item(), int(lag.max())
-        state.sync.lag_sum += mean_lag
-        state.sync.lag_max = max(state.sync.lag_max, max_lag)
-        state.window.add({"sync/lag": mean_lag})
+        state.sync.lag_sum += figures["lag_mean"]
+        state.sync.lag_max = max(state.sync.lag_max, figures["lag_max"])
+        state.window.add({"sync/lag": figures["lag_mean"]})
 
     def _solved(self) -> bool:
         episodes = self.state.episodes
         return (self.stop_at_return is not None and len(episodes.recent_returns) == episodes.recent_returns.maxlen
                 and episodes.mean_return >= self.stop_at_return)
 
-    def _fire(self, event: str, batch: TensorDict | None = None, last: bool = False) -> None:
-        """Call ``on_<event>`` of every hook (``update``: those due). After the ``last`` update, a hook
-        that runs at the end (``at_end``) waits for it: one final log row, with the final evaluation."""
+    def _fire(self, event: str, batch: TensorDict | None = None, last: bool = False,
+              due: set[str] | None = None) -> None:
+        """Call ``on_<event>`` of every hook (``update``: those due, or those named in ``due``). After the
+        ``last`` update, a hook that runs at the end (``at_end``) waits for it: one final log row, with the
+        final evaluation."""
         state = self.state
         for name, hook in self.hooks.items():
-            if event == "update" and (not hook.schedule.due(state) or (last and hook.at_end)):
+            if event == "update" and (not (hook.schedule.due(state) if due is None else name in due)
+                                      or (last and hook.at_end)):
                 continue
             with state.timer.phase(f"hooks/{name}" if hook.phase == "hooks" else hook.phase):
                 if event == "batch":
@@ -254,6 +318,7 @@ class Trainer:
         closers += [functools.partial(logger.close, summary) for logger in self.loggers]
         if self.run_dir_lock is not None:
             closers.append(self.run_dir_lock.release)
+        closers.append(self.strategy.close)
         stopped_at_once = None
         for close in closers:
             try:

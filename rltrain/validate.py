@@ -36,6 +36,7 @@ from rltrain.llm.tasks import Task
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector, missing_members
 from rltrain.rules import Integer, OneOf, Rule, Satisfies, parameter_defaults, parameter_rules
+from rltrain.strategies import Single, Strategy
 from rltrain.sync.base import WeightSyncScheme
 from rltrain.trainer import OBJECTIVES, Trainer
 from rltrain.wiring import ENV_TO_ALGO, RUNTIME_ARGS, WIRING_KEYS, env_maker, is_language_task, task_rewards
@@ -43,12 +44,12 @@ from rltrain.wiring import ENV_TO_ALGO, RUNTIME_ARGS, WIRING_KEYS, env_maker, is
 CONFIGS = Path(__file__).parent / "configs"
 
 # The interface each part's class must have (rltrain.protocols); hooks subclass rltrain.hooks.Hook.
-INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger, "engine": Engine}
+INTERFACES = {"algo": Algo, "collector": Collector, "logger": Logger, "engine": Engine, "strategy": Strategy}
 
 # The top level of rltrain's config: its own keys and its config groups (config.yaml). Anything
 # else there is a typo (``+trainer.total_frame=...`` adds a key nothing reads); ``hydra`` is Hydra's.
 TOP_LEVEL_KEYS = ("seed", "device", "threads", "resume", "objective", "trainer", "algo", "env", "collector", "sync",
-                  "logger", "hooks", "model", "engine", "hydra")
+                  "logger", "hooks", "model", "engine", "strategy", "hydra")
 # The top-level values belong to no part (``device``: _check_device).
 TOP_LEVEL_RULES: dict[str, Rule] = {
     "seed": Integer(0),
@@ -60,7 +61,7 @@ TOP_LEVEL_RULES: dict[str, Rule] = {
 TOKENS = "tokens"  # the action space of an algo that learns language tasks (GRPO.ACTION_SPACES)
 # The parts with a _target_ (logger and hooks: one per name below them); None: may be left out.
 PARTS = {"env": "env", "algo": "algo", "algo.network": None, "collector": "collector", "sync": "sync", "model": None,
-         "engine": None}
+         "engine": None, "strategy": None}
 
 
 @dataclass
@@ -241,7 +242,11 @@ def _check_cross(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> None:
         raise ConfigError(f"{_label('sync', sync)} sends weights to worker processes, but "
                           f"{_label('collector', collector)} runs in the learner's process; use sync=shared_mem with "
                           f"it, or collector=lockstep|async with {_label('sync', sync)}")
-    _check_job(cfg, collector, sync)
+    strategy = parts["strategy"][0] if "strategy" in parts else Single
+    if capability(strategy, Strategy, "PARALLEL"):
+        _check_learner_ranks(cfg, parts, strategy)
+    else:
+        _check_job(cfg, collector, sync)
     _check_weights(cfg, parts)
     why = capability(algo, Algo, "NEEDS_PUSHES")
     if why and not capability(sync, WeightSyncScheme, "PUSHES"):
@@ -268,7 +273,42 @@ def _check_job(cfg: DictConfig, collector: type, sync: type) -> None:
     elif world is not None:
         raise ConfigError(f"this is rank {world.rank} of a torchrun job of {world.size} processes (WORLD_SIZE), but "
                           f"{_label('collector', collector)} runs on rank 0 alone; use collector=distributed "
-                          "sync=distributed (rank 0 learns, the other ranks collect), or run without torchrun")
+                          "sync=distributed (rank 0 learns, the other ranks collect), strategy=ddp (every rank "
+                          "learns on its share), or run without torchrun")
+
+
+def _check_learner_ranks(cfg: DictConfig, parts: dict[str, tuple[type, dict]], strategy: type) -> None:
+    """A learner on every rank (``strategy=ddp``): each rank collects its share of the batch itself, with
+    a collector and an algorithm that can be split; the global sizes split evenly over the ranks."""
+    world = process_groups.current()
+    if world is None:
+        return  # the strategy's own rule says how to launch it
+    name, (collector, collector_values), (algo, algo_values) = _label("strategy", strategy), parts["collector"], \
+        parts["algo"]
+    if capability(collector, Collector, "ON_OTHER_RANKS"):
+        raise ConfigError(f"{_label('collector', collector)} makes rank 0 the one learner and the other ranks "
+                          f"collectors, but with {name} every rank learns and collects its own share; use "
+                          "collector=local|lockstep with it (or strategy=single with collector ranks)")
+    split = capability(collector, Collector, "RANK_SPLIT")
+    if split is None:
+        raise ConfigError(f"{_label('collector', collector)} cannot be split over the ranks of {name}, whose "
+                          "batches must arrive in step (it drops batches too old to learn from); use "
+                          "collector=local|lockstep")
+    algo_keys = capability(algo, Algo, "DATA_PARALLEL")
+    if algo_keys is None:
+        raise ConfigError(f"{_label('algo', algo)} does not learn on the data-parallel ranks of {name}; use "
+                          "strategy=single (one learner process)")
+    sizes = {"collector.frames_per_batch": collector_values.get("frames_per_batch"),
+             **{key: _value(cfg, parts, key) for key in split}, **{f"algo.{k}": algo_values.get(k) for k in algo_keys}}
+    for key, value in sizes.items():
+        if isinstance(value, int) and value % world.size:
+            raise ConfigError(f"{key}={value} does not split over the {world.size} ranks of {name} (each takes "
+                              f"its share); use a multiple of {world.size}, e.g. {key}={value - value % world.size}"
+                              f" or {value + world.size - value % world.size}")
+    for key in ("compile", "cuda_graph"):
+        if algo_values.get(key) is True:
+            raise ConfigError(f"algo.{key}=true is not supported with {name} yet (its update exchanges statistics "
+                              f"with the other ranks mid-step); use algo.{key}=auto, which is off with it")
 
 
 def capability(cls: type, interface: type, name: str):

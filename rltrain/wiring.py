@@ -6,13 +6,16 @@ neither imports the other's checks or builders through it.
 
 from __future__ import annotations
 
+import copy
 import functools
+import math
 
 from hydra.utils import get_class, get_object, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 
 from rltrain.llm.rewards import Rewards
 from rltrain.llm.tasks import Task
+from rltrain.rules import parameter_defaults
 
 # env keys that go to the algo (the learner scales rewards, whichever process stepped the env):
 ENV_TO_ALGO = ("sign_reward", "normalize_reward", "clip_reward")
@@ -26,15 +29,15 @@ WIRING_KEYS = {"algo": {"network"}, "env": {*ENV_TO_ALGO, *TASK_REWARDS}}
 # to this.
 RUNTIME_ARGS = {
     "env": ("seed",),
-    "algo": ("policy", "total_frames", "device", *ENV_TO_ALGO),
+    "algo": ("policy", "total_frames", "device", "strategy", *ENV_TO_ALGO),
     "algo.network": ("env_spec",),
     "engine": ("model", "tokenizer", "receiver", "policy", "device", "seed", "run_dir"),
     "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender", "task", "engine", "model",
                   "rewards", "device"),
     "logger": ("run_dir", "config", "resume"),
     "hooks": ("policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
-              "config", "hooks", "task", "model", "rewards"),
-    "trainer": ("collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock"),
+              "config", "hooks", "task", "model", "rewards", "strategy"),
+    "trainer": ("collector", "algo", "hooks", "loggers", "run_dir", "max_lag", "run_dir_lock", "strategy"),
 }
 
 
@@ -87,3 +90,24 @@ def plain_partial(node: DictConfig, **kwargs) -> functools.partial:
 def without(node: DictConfig, keys: set[str]) -> DictConfig:
     """``node`` without ``keys``, its interpolations resolved (``${collector.max_new_tokens}`` points outside it)."""
     return OmegaConf.create({k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in keys})
+
+
+def rank_share(cfg: DictConfig, rank: int, size: int) -> DictConfig:
+    """``cfg`` as learner rank ``rank`` of a data-parallel learner of ``size`` ranks collects: its share of
+    ``collector.frames_per_batch`` and of the envs (the collector's ``RANK_SPLIT`` keys), and ``seed`` that
+    of its first env, so that env i of the whole job gets ``seed + i`` as in one process."""
+    if size == 1:
+        return cfg
+    cls = get_class(cfg.collector._target_)
+    defaults = parameter_defaults(cls)
+
+    def value(key: str) -> int:
+        group, _, name = key.partition(".")
+        return OmegaConf.select(share, key, default=defaults.get(name) if group == "collector" else None)
+
+    share = copy.deepcopy(cfg)
+    with open_dict(share):
+        for key in ("collector.frames_per_batch", *cls.RANK_SPLIT):
+            OmegaConf.update(share, key, value(key) // size, force_add=True)
+        share.seed = cfg.seed + rank * math.prod(value(key) for key in cls.BATCH_ENVS)
+    return share

@@ -20,7 +20,7 @@ from types import MappingProxyType
 import torch
 from torch import nn
 
-from rltrain.algos.normalization import ObsNormalizer
+from rltrain.algos.normalization import Moments, ObsNormalizer, local_moments
 from rltrain.envs import Leaf
 from rltrain.envs.spaces import Observation
 from rltrain.errors import ConfigError
@@ -50,11 +50,12 @@ class ObsEncoder(nn.Module):
         return torch.cat([self.parts[key].forward(obs[key]) for key in self._keys], -1)
 
     @torch.no_grad()
-    def update(self, obs) -> None:
-        """Fold a batch of observations into the running statistics of normalized vector parts."""
+    def update(self, obs, moments: Moments = local_moments) -> None:
+        """Fold a batch of observations into the running statistics of normalized vector parts
+        (``moments``: how the batch is measured; ``ObsNormalizer.update``)."""
         for key, part in self.parts.items():
             if isinstance(part, VectorPart):
-                part.norm.update(obs if self.single else obs[key])
+                part.norm.update(obs if self.single else obs[key], moments)
 
     def batch_shape(self, obs) -> torch.Size:
         """The batch dims of ``obs`` (those before each leaf's own shape)."""

@@ -6,10 +6,19 @@ collectors normalize exactly as the learner does.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 Moment = float | torch.Tensor  # a statistic: a Python float or a tensor of them
+# (mean, biased variance, count) of a tensor over its first dimension: ``local_moments``, or a
+# data-parallel learner's over every rank's tensor together (``rltrain.strategies``).
+Moments = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor, int]]
+
+
+def local_moments(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    return x.mean(0), x.var(0, unbiased=False), x.shape[0]
 
 
 class ObsNormalizer(nn.Module):
@@ -30,13 +39,13 @@ class ObsNormalizer(nn.Module):
         return ((obs - self.mean) / torch.sqrt(self.var + self.eps)).clamp(-self.clip, self.clip)
 
     @torch.no_grad()
-    def update(self, obs: torch.Tensor) -> None:
-        """Fold a batch of observations (any leading shape) into the running statistics."""
+    def update(self, obs: torch.Tensor, moments: Moments = local_moments) -> None:
+        """Fold a batch of observations (any leading shape) into the running statistics; ``moments``
+        measures the batch (a data-parallel learner's: every rank's batch together)."""
         if not self.enabled:
             return
         obs = obs.reshape(-1, *self.mean.shape).to(self.mean.dtype)
-        mean, var, count = merge_moments(self.mean, self.var, self.count, obs.mean(0), obs.var(0, unbiased=False),
-                                         obs.shape[0])
+        mean, var, count = merge_moments(self.mean, self.var, self.count, *moments(obs))
         self.mean.copy_(mean)
         self.var.copy_(var)
         self.count.copy_(count)
@@ -64,8 +73,8 @@ class ReturnNormalizer:
     one set for all envs, and a carry decays within ~1/(1 - gamma) steps of a batch's start.
     """
 
-    def __init__(self, gamma: float, clip: float | None = 10.0, eps: float = 1e-8):
-        self.gamma, self.clip, self.eps = gamma, clip, eps
+    def __init__(self, gamma: float, clip: float | None = 10.0, eps: float = 1e-8, moments: Moments = local_moments):
+        self.gamma, self.clip, self.eps, self.moments = gamma, clip, eps, moments
         # As gymnasium's RunningMeanStd starts: a prior of variance 1 with a tiny weight.
         self.mean, self.var, self.count = 0.0, 1.0, 1e-4
         self._carry: torch.Tensor | None = None  # each env column's discounted return so far
@@ -93,8 +102,8 @@ class ReturnNormalizer:
         return scaled if self.clip is None else scaled.clamp(-self.clip, self.clip)
 
     def _fold(self, returns: torch.Tensor) -> None:
-        self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, returns.mean().item(),
-                                                        returns.var(unbiased=False).item(), returns.numel())
+        mean, var, n = self.moments(returns)
+        self.mean, self.var, self.count = merge_moments(self.mean, self.var, self.count, mean.item(), var.item(), n)
 
     def state_dict(self) -> dict:
         return {"mean": self.mean, "var": self.var, "count": self.count, "carry": self._carry}

@@ -35,6 +35,7 @@ from rltrain.rules import (
     PositiveNumber,
     PositiveNumberOrNull,
 )
+from rltrain.strategies import Single, Strategy
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -73,6 +74,7 @@ class PPO:
 
     ACTION_SPACES = ("discrete", "box", "multi_discrete", "multi_binary")
     OBSERVATIONS = ("vector", "discrete", "multi_discrete", "image")
+    DATA_PARALLEL = ("minibatch_size",)  # with strategy=ddp: global sizes, each rank takes its share
 
     @classmethod
     def check_config(cls, values: dict, config: dict) -> None:
@@ -87,6 +89,7 @@ class PPO:
         policy: ActorCritic,
         total_frames: int,
         device: torch.device | str = "cpu",
+        strategy: Strategy = Single(),
         lr: PositiveNumber = 3e-3,  # Adam learning rate (the start value when annealed)
         anneal_lr: Flag = True,  # decay the lr linearly to 0 over trainer.total_frames
         gamma: PositiveFraction = 0.98,  # discount factor
@@ -113,18 +116,23 @@ class PPO:
         self.total_frames = total_frames
         self.lr, self.anneal_lr = lr, anneal_lr
         self.gamma, self.gae_lambda = gamma, gae_lambda
-        self.epochs, self.minibatch_size = epochs, minibatch_size
+        # A data-parallel learner steps on its share of each minibatch; the gradients are averaged over the ranks.
+        self.strategy = strategy
+        self.epochs, self.minibatch_size = epochs, minibatch_size // strategy.size
+        self._evaluate = strategy.wrap(policy, "evaluate")
         self.clip_coef, self.clip_vloss = clip_coef, clip_vloss
         self.vf_coef, self.ent_coef = vf_coef, ent_coef
         self.max_grad_norm, self.norm_adv, self.target_kl = max_grad_norm, norm_adv, target_kl
-        compiled, graphed = compile_enabled(compile, self.device), cuda_graph_enabled(cuda_graph, self.device)
+        # Not with data-parallel ranks yet: their step exchanges statistics mid-way (the config check says so).
+        compiled = compile_enabled(compile, self.device) and not strategy.PARALLEL
+        graphed = cuda_graph_enabled(cuda_graph, self.device) and not strategy.PARALLEL
         self._params = list(policy.parameters())
         self.optimizer = optimizers.adam(self._params, lr, self.device, graphed,
                                          lr_tensor=anneal_lr and (compiled or graphed), eps=adam_eps)
         self.guard = NonFiniteGuard({"ppo": self.optimizer}, nonfinite, self.device)
-        self._run = UpdateStep(self._minibatch_step, "PPO's minibatch step", compiled, graphed, minibatch_size)
+        self._run = UpdateStep(self._minibatch_step, "PPO's minibatch step", compiled, graphed, self.minibatch_size)
         # On the learner, so every env (in-process, in workers, on other ranks) is scaled alike.
-        self.reward_norm = ReturnNormalizer(gamma, clip_reward) if normalize_reward else None
+        self.reward_norm = ReturnNormalizer(gamma, clip_reward, moments=strategy.moments) if normalize_reward else None
         self.sign_reward = sign_reward
         self.frames = 0
         self._pending: PendingEpochs | None = None  # the update under way, until it ends
@@ -172,17 +180,18 @@ class PPO:
                 clip_fraction = ((ratio - 1).abs() > self.clip_coef).float().mean()
             p.diagnostics.append(torch.stack([approx_kl, clip_fraction]))
             p.perm, p.next = None, 0
-            if self.target_kl is not None and approx_kl.item() > self.target_kl:
+            if self.target_kl is not None and self.strategy.mean(approx_kl).item() > self.target_kl:
                 break
         self._pending = None
 
         # Fold this batch into the observation statistics only now, so the epochs above used the
         # same normalization the collector acted with; the next push carries the new statistics.
-        self.policy.encoder.update(p.obs)
+        self.policy.encoder.update(p.obs, self.strategy.moments)
 
         mean = torch.stack(p.losses).mean(0).tolist() + torch.stack(p.diagnostics).mean(0).tolist()
         returns, old_value = p.returns, p.old_value
-        explained_var = 1 - (returns - old_value).var() / returns.var().clamp_min(1e-8)
+        moments = self.strategy.moments
+        explained_var = 1 - moments(returns - old_value)[1] / moments(returns)[1].clamp_min(1e-8)
         metrics = {
             "loss/policy": mean[0],
             "loss/value": mean[1],
@@ -226,11 +235,11 @@ class PPO:
     def _loss(self, obs, action: torch.Tensor, old_log_prob: torch.Tensor, adv: torch.Tensor, returns: torch.Tensor,
               old_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """PPO's loss on a minibatch: (loss, its three parts detached, ratio, log ratio)."""
-        log_prob, entropy, new_value = self.policy.evaluate(obs, action)
+        log_prob, entropy, new_value = self._evaluate(obs, action)
         log_ratio = log_prob - old_log_prob
         ratio = log_ratio.exp()
         if self.norm_adv and adv.numel() > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            adv = self.strategy.normalize(adv)
 
         # Clipped surrogate: the pessimistic bound of the unclipped and clipped objectives.
         clipped_ratio = ratio.clamp(1 - self.clip_coef, 1 + self.clip_coef)

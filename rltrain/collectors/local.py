@@ -30,6 +30,7 @@ class LocalCollector(Collector):
 
     BATCH_ENVS = ("env.num_envs",)  # the envs one batch spans: frames_per_batch must be a multiple
     IN_LEARNER_PROCESS = True
+    RANK_SPLIT = ("env.num_envs",)  # strategy=ddp: each rank steps its share of the envs
 
     def __init__(
         self,

@@ -26,6 +26,7 @@ class LockstepCollector(Collector):
 
     # The envs one batch spans (a product of these config keys): frames_per_batch must be a multiple.
     BATCH_ENVS = ("collector.workers", "collector.envs_per_worker")
+    RANK_SPLIT = ("collector.workers",)  # strategy=ddp: each rank runs its share of the worker processes
 
     def __init__(self, make_env: Callable, make_policy: Callable, make_receiver: Callable[[], WeightReceiver],
                  env_spec: EnvSpec, frames_per_batch: PositiveInt, workers: PositiveInt = 2,

@@ -83,6 +83,9 @@ class Hook:
     """Base class for hooks; override the moments you need. ``phase`` names the timer bucket."""
 
     phase = "hooks"
+    # With a data-parallel learner (strategy=ddp), whether the hook runs on every rank (it feeds the rank's own
+    # collector, or each rank has a part in what it does) or on rank 0 only (logging, evaluating, saving).
+    ALL_RANKS = False
 
     def __init__(self, every: Every = EVERY_UPDATE, at_end: Flag = False):
         self.schedule = Schedule(every)

@@ -14,19 +14,23 @@ from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector
 from rltrain.rules import Flag, PositiveInt
 from rltrain.state import TrainState
+from rltrain.strategies import Single, Strategy
 from rltrain.sync import WeightSender
 
 log = logging.getLogger("rltrain")
 
 
 class CheckpointHook(Hook):
+    ALL_RANKS = True  # a data-parallel learner's checkpoint holds every rank's envs; rank 0 writes it
+
     """Saves everything a run needs to continue as if never stopped (see ``rltrain.checkpoint``).
 
     ``every``: e.g. ``{seconds: 600}`` or ``{frames: 100000}`` (null: only at the end, with
     ``at_end``, and when a signal stops the run); ``keep_last``: older files are
     deleted once a new one is safely written; ``replay_buffer``: include the replay buffer
     (off-policy algos), large but needed for an exact continuation. ``hooks``: the run's hooks,
-    whose own state each checkpoint saves (build passes them, this one included).
+    whose own state each checkpoint saves (build passes them, this one included). ``strategy``: a
+    data-parallel learner's ranks each give their envs and generators; rank 0 writes the file.
     """
 
     def __init__(
@@ -42,14 +46,17 @@ class CheckpointHook(Hook):
         keep_last: PositiveInt = 2,
         replay_buffer: Flag = True,
         at_end: Flag = True,
+        strategy: Strategy = Single(),
     ):
         super().__init__(every, at_end)
         self.algo, self.collector, self.loggers, self.sender = algo, collector, list(loggers), sender
         self.run_dir, self.config, self.hooks = Path(run_dir), config, hooks
         self.keep_last, self.replay_buffer = keep_last, replay_buffer
+        self.strategy = strategy
 
     def on_start(self, state: TrainState) -> None:
-        checkpoint.write_config(self.run_dir, self.config)
+        if self.strategy.is_main:
+            checkpoint.write_config(self.run_dir, self.config)
 
     def on_update(self, state: TrainState) -> None:
         self.save(state)
@@ -61,8 +68,8 @@ class CheckpointHook(Hook):
         """The run failed outside the learner: keep what it has, unless a checkpoint of this very state is
         on disk already (written with the envs as they were then). A collector whose state cannot be had
         (a worker died with its envs) is left out, and a resumed run's envs start fresh episodes."""
-        if checkpoint.path_for(self.run_dir, state.frames).exists():
-            return
+        if checkpoint.path_for(self.run_dir, state.frames).exists() or self.strategy.PARALLEL:
+            return  # (with several ranks: the others may be gone or waiting elsewhere; the last checkpoint stands)
         try:
             collector = self.collector.state_dict()
         except Exception as e:  # noqa: BLE001
@@ -71,15 +78,23 @@ class CheckpointHook(Hook):
             collector = None
         self._write(state, collector)
 
-    def save(self, state: TrainState) -> Path:
+    def save(self, state: TrainState) -> Path | None:
         return self._write(state, self.collector.state_dict())
 
-    def _write(self, state: TrainState, collector_state: dict | None) -> Path:
-        """The checkpoint of ``state`` with ``collector_state`` (None: the collector's is left out)."""
+    def _write(self, state: TrainState, collector_state: dict | None) -> Path | None:
+        """The checkpoint of ``state`` with ``collector_state`` (None: the collector's is left out); its path
+        on the rank that writes it."""
         t0 = time.perf_counter()
+        ranks = None
+        if self.strategy.PARALLEL:
+            parts = self.strategy.gather({**checkpoint.rank_part(), checkpoint.COLLECTOR_KEY: collector_state})
+            if not self.strategy.is_main:
+                return None
+            ranks = parts[1:]
         path = checkpoint.path_for(self.run_dir, state.frames)
         checkpoint.save(path, checkpoint.capture(state, self.hooks, self.algo, collector_state, self.sender,
-                                                 self.loggers, self.config, replay_buffer=self.replay_buffer))
+                                                 self.loggers, self.config, replay_buffer=self.replay_buffer,
+                                                 ranks=ranks))
         checkpoint.prune(self.run_dir, self.keep_last)
         log.info("checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6, time.perf_counter() - t0)
         return path

@@ -17,6 +17,7 @@ class WeightPushHook(Hook):
     """Publishes a new weights version every ``sync.every`` batches."""
 
     phase = "sync"
+    ALL_RANKS = True  # each rank of a data-parallel learner feeds its own collector
 
     def __init__(self, sender: WeightSender, sync: WeightSyncScheme):
         super().__init__({"batches": sync.every} if sync.every else None)

@@ -1,0 +1,72 @@
+"""The learner's strategy: the interface an algorithm's update and the trainer use to run the same
+code on one process or on many, and ``Single``, the one-process learner (``strategy=single``).
+
+Everything an algorithm needs across learner ranks goes through here: the module whose backward
+pass averages gradients (``wrap``), statistics over the global batch (``moments``, ``mean``) and
+plain values exchanged between ranks (``gather``, ``broadcast``). With one process each is the
+plain local computation, so ``strategy=single`` computes exactly what rltrain computed before.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Strategy:
+    """One learner process. A data-parallel subclass runs one learner per rank of a torchrun job,
+    each on its share of the global batch (``SPLITS``: the shares of a collector's keys).
+
+    Capabilities: ``PARALLEL``, whether the learner spans several processes (the config check then
+    asks for torchrun and for a collector and algorithm that can be split, ``DATA_PARALLEL``)."""
+
+    PARALLEL = False
+    rank, size = 0, 1
+
+    @property
+    def is_main(self) -> bool:
+        """The rank that owns the run dir, the loggers and the checkpoint files (rank 0)."""
+        return self.rank == 0
+
+    def device(self, requested: torch.device) -> torch.device:
+        """This rank's learner device, given the configured one (``device``)."""
+        return requested
+
+    def wrap(self, module: nn.Module, method: str = "forward") -> Callable:
+        """``module.method`` as the update calls it; data-parallel: through a wrapper whose backward pass
+        averages the gradients of ``module``'s parameters over the ranks."""
+        return getattr(module, method)
+
+    def moments(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Mean, (biased) variance and count of ``x`` over its first dimension, on every rank's ``x`` together."""
+        return x.mean(0), x.var(0, unbiased=False), x.shape[0]
+
+    def normalize(self, x: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
+        """``x`` standardized by the mean and (unbiased) std of every rank's ``x`` together."""
+        return (x - x.mean()) / (x.std() + eps)
+
+    def mean(self, x: torch.Tensor) -> torch.Tensor:
+        """The mean over ranks of a statistic each rank measured on an equal share."""
+        return x
+
+    def gather(self, obj: Any) -> list[Any]:
+        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        return [obj]
+
+    def broadcast(self, obj: Any) -> Any:
+        """Rank 0's ``obj`` (picklable), on every rank."""
+        return obj
+
+    def failure(self, error: BaseException, during: str) -> Exception | None:
+        """``error`` told as the failure of another rank (which one, during what), if that is what it is."""
+        return None
+
+    def close(self) -> None:
+        """Release what the strategy made (its process group)."""
+
+
+class Single(Strategy):
+    """``strategy=single``: the learner is this one process (the default)."""

@@ -1,0 +1,150 @@
+"""A learner on every rank of a torchrun job (strategy=ddp): real gloo groups on loopback, real torchrun
+jobs of 2 processes, each rank collecting and learning on its share of every batch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rltrain import checkpoint
+from tests.conftest import ROOT, run_cli
+from tests.test_distributed import free_port, newest_run_dir, run_dirs, torchrun, wait_for_frames
+from tests.test_run_management import PPO_RUN, learning_rows, signal_at
+
+DDP = ("strategy=ddp",)
+
+
+def test_two_ddp_ranks_make_the_update_of_one_process_on_the_same_global_batch(tmp_path):
+    # tests/ranks_for_tests.py: one PPO update (4 epochs, advantage, observation and return normalization,
+    # the approximate KL early stop) on a fixed batch of 8 env columns; each rank takes 4 of them.
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    one = subprocess.run([sys.executable, "-m", "tests.ranks_for_tests", str(tmp_path / "one.pt")], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert one.returncode == 0, one.stderr
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+                          "-m", "tests.ranks_for_tests", str(tmp_path / "two.pt")], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert two.returncode == 0, two.stderr
+    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    # Not bitwise: each rank sums its half of the samples, and DDP averages the two halves' gradients, so
+    # float32 sums are taken in another order (one rounding, ~6e-8, after 4 epochs of Adam steps).
+    for name, weight in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], weight, rtol=0, atol=1e-6, msg=name)
+    assert two["metrics"].keys() == one["metrics"].keys()
+    for key, value in one["metrics"].items():
+        assert two["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_ppo_on_two_ddp_ranks_solves_cartpole_and_rank_0_alone_writes_the_run(tmp_path):
+    result = torchrun(*DDP, "hooks.eval.episodes=2", cwd=tmp_path, nproc=2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [run_dir] = run_dirs(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["solved"], summary
+    assert summary["frames_to_solve"] <= 100_000 and summary["eval_return"] >= 400
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["frames"] for r in rows] == sorted({r["frames"] for r in rows})  # one writer: no row twice
+    assert rows[-1]["frames"] == summary["frames"]
+    # rank 1 logs to its own file; the terminal has rank 0's story once
+    assert "learner rank 1 of 2" in (run_dir / "ranks" / "1.log").read_text()
+    assert (result.stdout + result.stderr).count("done: status completed") == 1
+    [last] = checkpoint.listing(run_dir)
+    saved = checkpoint.load(last)
+    assert len(saved[checkpoint.RANKS_KEY]) == 1 and saved[checkpoint.RANKS_KEY][0][checkpoint.COLLECTOR_KEY]
+
+
+def test_a_ddp_run_stopped_by_sigterm_and_resumed_matches_an_uninterrupted_one(tmp_path):
+    # SIGTERM reaches rank 0 alone (the kill hook runs there): the ranks agree to stop after the same step.
+    full = torchrun(*DDP, *PPO_RUN, "hydra.run.dir=outputs/full", cwd=tmp_path, nproc=2)
+    assert full.returncode == 0, full.stderr
+    stopped = torchrun(*DDP, *PPO_RUN, *signal_at(5000), "hydra.run.dir=outputs/split", cwd=tmp_path, nproc=2)
+    split = tmp_path / "outputs/split"
+    summary = json.loads((split / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["frames"] == 5120, stopped.stderr
+    resumed = torchrun(*DDP, *PPO_RUN, f"resume={split}", "hydra.run.dir=outputs/resume", cwd=tmp_path, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr
+    final = json.loads((split / "summary.json").read_text())
+    reference = json.loads((tmp_path / "outputs/full/summary.json").read_text())
+    assert final["status"] == "completed" and final["frames"] == reference["frames"] == 12288
+    # every log row, losses included, as if the run had never stopped: both ranks' envs and generators came back
+    assert learning_rows(split) == learning_rows(tmp_path / "outputs/full")
+    assert final["eval_return"] == reference["eval_return"]
+
+
+def test_strategy_ddp_outside_torchrun_says_how_to_launch_it(tmp_path):
+    result = run_cli(*DDP, cwd=tmp_path, timeout=120)
+    assert result.returncode == 2
+    assert "launch with: torchrun --standalone --nproc-per-node=2 -m rltrain strategy=ddp" in result.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (("env.num_envs=15", "collector.frames_per_batch=510"), "env.num_envs=15 does not split over the 2 ranks"),
+    (("algo.minibatch_size=255",), "algo.minibatch_size=255 does not split over the 2 ranks"),
+    (("collector=distributed", "sync=distributed"), "every rank learns and collects its own share"),
+    (("collector=async",), "collector=async cannot be split over the ranks of strategy=ddp"),
+    (("algo=sac", "env=pendulum"), "algo=sac does not learn on the data-parallel ranks of strategy=ddp"),
+])
+def test_what_cannot_run_on_ddp_ranks_is_refused_in_one_line(args, says, tmp_path):
+    result = torchrun(*DDP, *args, cwd=tmp_path, nproc=2, timeout=120)
+    assert result.returncode != 0 and says in result.stderr, result.stderr[-3000:]
+    assert not run_dirs(tmp_path)
+
+
+def learner_job(args: tuple[str, ...], cwd, rank_args: dict | None = None) -> list[subprocess.Popen]:
+    """A 2-rank learner job as torchrun starts it, without its agent (which would stop the other rank itself);
+    ``rank_args``: a rank's own arguments, after ``args``."""
+    port = free_port()
+    return [subprocess.Popen([sys.executable, "-m", "rltrain", *DDP, *args, *(rank_args or {}).get(rank, ())],
+                             cwd=cwd, stderr=subprocess.PIPE,
+                             stdout=subprocess.DEVNULL, text=True,
+                             env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
+                                  "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+            for rank in range(2)]
+
+
+def test_ranks_started_with_different_configs_name_the_key(tmp_path):
+    procs = learner_job(("seed=0",), tmp_path, rank_args={1: ("seed=1",)})
+    try:
+        errors = [p.communicate(timeout=120)[1] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    for p, err in zip(procs, errors):
+        assert p.returncode == 2, err
+        assert "the ranks were started with different configs: rank 1 has seed: 0 -> 1" in err
+
+
+def test_a_learner_rank_that_dies_fails_the_others_at_once_naming_it(tmp_path):
+    procs = learner_job(("trainer.total_frames=10000000", "trainer.stop_at_return=null"), tmp_path)
+    try:
+        wait_for_frames(newest_run_dir(tmp_path), 4096)
+        procs[1].kill()
+        err = procs[0].communicate(timeout=60)[1]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 1
+    assert f"learner rank 1 (pid {procs[1].pid}) of this job died during" in err, err[-3000:]
+    [run_dir] = run_dirs(tmp_path)
+    assert json.loads((run_dir / "summary.json").read_text())["status"].startswith("failed: LearnerRankError")
+
+
+def test_a_ddp_checkpoint_resumes_on_one_process_and_back_on_two_ranks(tmp_path):
+    run = ("trainer.stop_at_return=null", "hydra.run.dir=outputs/run")
+    two = torchrun(*DDP, *run, "trainer.total_frames=4096", cwd=tmp_path, nproc=2)
+    assert two.returncode == 0, two.stderr
+    one = run_cli(*run, "resume=outputs/run", "trainer.total_frames=8192", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    # weights, optimizer and figures go on; the envs were split otherwise: they start fresh episodes
+    assert "resumed at 4,096 frames" in one.stdout + one.stderr and "start fresh episodes" in one.stdout + one.stderr
+    again = torchrun(*DDP, *run, "resume=outputs/run", "trainer.total_frames=12288", cwd=tmp_path, nproc=2)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
+    assert summary["status"] == "completed" and summary["frames"] == 12288 and summary["updates"] == 24
