@@ -17,8 +17,9 @@ tensors and Python values (it loads with ``weights_only=True``), under the keys 
 - ``loggers``: e.g. the wandb run id, so a resumed run continues the same wandb run;
 - ``rng``: Python, numpy and torch (CPU and CUDA) generator states;
 - ``config``: the resolved config that wrote it (``resume=auto`` matches on it);
-- ``ranks``: with a data-parallel learner (``strategy=ddp``), the ``collector`` and ``rng`` of ranks
-  1, 2, ... in order (rank 0's are the keys above; the rest of the state is the same on every rank).
+- ``ranks``: with a data-parallel learner (``strategy=ddp``), the ``collector``, ``rng`` and the algo's
+  ``RANK_STATE`` keys (under ``algo``: a replay buffer) of ranks 1, 2, ... in order (rank 0's are the keys
+  above; the rest of the state is the same on every rank).
 
 A checkpoint of an older format is upgraded as it is loaded, one ``MIGRATIONS`` step per format
 (the file itself is left as it is). Files are written to a temporary name and renamed, so a crash
@@ -70,7 +71,7 @@ LOGGERS_KEY = "loggers"
 RNG_KEY = "rng"
 CONFIG_KEY = "config"
 RANKS_KEY = "ranks"
-PER_RANK = (COLLECTOR_KEY, RNG_KEY)  # what differs between the ranks of a data-parallel learner
+PER_RANK = (COLLECTOR_KEY, RNG_KEY, ALGO_KEY)  # what differs between the ranks of a data-parallel learner
 
 DIRNAME = "checkpoints"
 CONFIG_FILE = "config.json"  # the writing run's config, next to its checkpoints (for resume=auto)
@@ -104,9 +105,11 @@ def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector_
     }
 
 
-def rank_part() -> dict[str, Any]:
+def rank_part(algo: Algo, replay_buffer: bool = True) -> dict[str, Any]:
     """This rank's ``PER_RANK`` part of a checkpoint, but for the collector, which the caller adds."""
-    return {RNG_KEY: rng_state()}
+    keys = getattr(algo, "RANK_STATE", ())
+    state = algo.state_dict(replay_buffer=replay_buffer) if keys else {}
+    return {RNG_KEY: rng_state(), ALGO_KEY: {k: state[k] for k in keys if k in state}}
 
 
 class Restore:
@@ -122,7 +125,7 @@ class Restore:
         if self.rank == 0:
             return self.saved[key]
         ranks = self.saved.get(RANKS_KEY) or []
-        return ranks[self.rank - 1][key] if self.rank <= len(ranks) else None
+        return ranks[self.rank - 1].get(key) if self.rank <= len(ranks) else None
 
     @classmethod
     def none(cls) -> Restore:
@@ -145,8 +148,9 @@ class Restore:
             algo_option = saved[CONFIG_KEY]["algo"]["_target_"].rsplit(".", 1)[-1].lower()
             raise CheckpointError(f"{path} holds a {saved[ALGO_CLASS_KEY]} run; this config builds "
                                   f"{type(algo).__name__}. Resume with algo={algo_option}, or start a new run")
-        check_compatible(saved[ALGO_KEY], algo.state_dict(), ALGO_KEY)
-        algo.load_state_dict(saved[ALGO_KEY])
+        state = {**saved[ALGO_KEY], **(self._part(ALGO_KEY) or {})}  # another rank's own keys over rank 0's
+        check_compatible(state, algo.state_dict(), ALGO_KEY)
+        algo.load_state_dict(state)
         changes = config_changes(saved[CONFIG_KEY], config)
         log.info("resuming from %s (%d frames)%s", path, saved[FRAMES_KEY],
                  "; changed: " + ", ".join(changes) if changes else "")

@@ -25,13 +25,16 @@ class Algo(Protocol):
     ``NEEDS_PUSHES``, why it cannot work with a sync scheme that never pushes (None: it can);
     ``DATA_PARALLEL``, whether it learns on data-parallel ranks (``strategy=ddp``: its constructor takes
     ``strategy`` and routes its backward passes and global statistics through it), as the names of its
-    keys that are global sizes each rank takes its share of (None: one process only).
+    keys that are global sizes each rank takes its share of (None: one process only); ``RANK_STATE``, the
+    keys of its ``state_dict`` that differ between data-parallel ranks (a replay buffer of the rank's own
+    frames), which checkpoints keep per rank.
     """
 
     ACTION_SPACES = ("discrete", "box")
     OBSERVATIONS = ("vector", "discrete", "multi_discrete")
     NEEDS_PUSHES: str | None = None
     DATA_PARALLEL: tuple[str, ...] | None = None
+    RANK_STATE: tuple[str, ...] = ()
 
     def update(self, batch: TensorDict | None, should_stop: Callable[[], bool]) -> dict[str, float] | None:
         """Learn from ``batch``; None if ``should_stop()`` interrupted it between two gradient steps

@@ -244,9 +244,9 @@ class Trainer:
         """Whether to stop before the next batch: a hook asked to, or a signal did (data-parallel: on any rank)."""
         state = self.state
         if self._parallel:
-            seen = self.strategy.gather((state.should_stop, self._signal_seen))
-            state.should_stop = any(stop for stop, _ in seen)
-            state.stop_signal = state.stop_signal or next((signal for _, signal in seen if signal), None)
+            stop, signum = self.strategy.max([int(state.should_stop), int(self._signal_seen or 0)])
+            state.should_stop = bool(stop)
+            state.stop_signal = state.stop_signal or signum or None
         return state.should_stop or state.stop_signal is not None
 
     def _agree_on_update(self, metrics: dict) -> tuple[dict, set[str]]:

@@ -289,15 +289,15 @@ def _check_learner_ranks(cfg: DictConfig, parts: dict[str, tuple[type, dict]], s
         raise ConfigError(f"{_label('collector', collector)} makes rank 0 the one learner and the other ranks "
                           f"collectors, but with {name} every rank learns and collects its own share; use "
                           "collector=local|lockstep with it (or strategy=single with collector ranks)")
-    split = capability(collector, Collector, "RANK_SPLIT")
-    if split is None:
-        raise ConfigError(f"{_label('collector', collector)} cannot be split over the ranks of {name}, whose "
-                          "batches must arrive in step (it drops batches too old to learn from); use "
-                          "collector=local|lockstep")
     algo_keys = capability(algo, Algo, "DATA_PARALLEL")
     if algo_keys is None:
         raise ConfigError(f"{_label('algo', algo)} does not learn on the data-parallel ranks of {name}; use "
                           "strategy=single (one learner process)")
+    split = capability(collector, Collector, "RANK_SPLIT")
+    if split is None:
+        raise ConfigError(f"{_label('collector', collector)} cannot be split over the ranks of {name}, each of "
+                          "which collects its share of every batch in step with the others; use "
+                          "collector=local|lockstep")
     sizes = {"collector.frames_per_batch": collector_values.get("frames_per_batch"),
              **{key: _value(cfg, parts, key) for key in split}, **{f"algo.{k}": algo_values.get(k) for k in algo_keys}}
     for key, value in sizes.items():

@@ -14,7 +14,7 @@ import torch
 from rltrain import checkpoint
 from tests.conftest import ROOT, run_cli
 from tests.test_distributed import free_port, newest_run_dir, run_dirs, torchrun, wait_for_frames
-from tests.test_run_management import PPO_RUN, learning_rows, signal_at
+from tests.test_run_management import PPO_RUN, SAC_RUN, learning_rows, signal_at
 
 DDP = ("strategy=ddp",)
 
@@ -87,7 +87,7 @@ def test_strategy_ddp_outside_torchrun_says_how_to_launch_it(tmp_path):
     (("algo.minibatch_size=255",), "algo.minibatch_size=255 does not split over the 2 ranks"),
     (("collector=distributed", "sync=distributed"), "every rank learns and collects its own share"),
     (("collector=async",), "collector=async cannot be split over the ranks of strategy=ddp"),
-    (("algo=sac", "env=pendulum"), "algo=sac does not learn on the data-parallel ranks of strategy=ddp"),
+    (("algo=grpo",), "algo=grpo does not learn on the data-parallel ranks of strategy=ddp"),
 ])
 def test_what_cannot_run_on_ddp_ranks_is_refused_in_one_line(args, says, tmp_path):
     result = torchrun(*DDP, *args, cwd=tmp_path, nproc=2, timeout=120)
@@ -148,3 +148,18 @@ def test_a_ddp_checkpoint_resumes_on_one_process_and_back_on_two_ranks(tmp_path)
     assert again.returncode == 0, again.stderr
     summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
     assert summary["status"] == "completed" and summary["frames"] == 12288 and summary["updates"] == 24
+
+
+def test_sac_on_two_ddp_ranks_resumes_exactly_with_every_ranks_replay_buffer(tmp_path):
+    # each rank samples its share of every minibatch from the buffer of the frames it collected itself
+    full = torchrun(*DDP, *SAC_RUN, "hydra.run.dir=outputs/full", cwd=tmp_path, nproc=2)
+    assert full.returncode == 0, full.stderr
+    torchrun(*DDP, *SAC_RUN, *signal_at(400), "hydra.run.dir=outputs/split", cwd=tmp_path, nproc=2)
+    split = tmp_path / "outputs/split"
+    assert json.loads((split / "summary.json").read_text())["status"] == "interrupted"
+    [saved] = checkpoint.listing(split)
+    rank_1 = checkpoint.load(saved)[checkpoint.RANKS_KEY][0][checkpoint.ALGO_KEY]["replay_buffer"]
+    assert rank_1["size"] == 200  # half of the 400 frames: rank 1's own
+    resumed = torchrun(*DDP, *SAC_RUN, f"resume={split}", cwd=tmp_path, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert learning_rows(split) == learning_rows(tmp_path / "outputs/full")

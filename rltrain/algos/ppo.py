@@ -75,6 +75,7 @@ class PPO:
     ACTION_SPACES = ("discrete", "box", "multi_discrete", "multi_binary")
     OBSERVATIONS = ("vector", "discrete", "multi_discrete", "image")
     DATA_PARALLEL = ("minibatch_size",)  # with strategy=ddp: global sizes, each rank takes its share
+    RANK_STATE = ("reward_norm",)  # differs between the ranks (each env column's discounted return so far)
 
     @classmethod
     def check_config(cls, values: dict, config: dict) -> None:

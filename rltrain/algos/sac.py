@@ -27,6 +27,7 @@ from rltrain.data import ReplayBuffer
 from rltrain.device import to_learner
 from rltrain.errors import ConfigError
 from rltrain.rules import Flag, NonNegativeInt, PositiveFraction, PositiveInt, PositiveNumber
+from rltrain.strategies import Single, Strategy
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -49,6 +50,10 @@ class SAC:
     OBSERVATIONS = ("vector", "discrete", "multi_discrete")  # no images: its critics read the actor's features
     NEEDS_PUSHES = ("the end of the warm-up reaches collectors through a weight push, so they would act uniformly "
                     "at random for the whole run")
+    # strategy=ddp: global sizes each rank takes its share of (its own replay buffer, its share of each minibatch),
+    # and what differs between the ranks in a checkpoint (each rank's buffer holds the frames it collected)
+    DATA_PARALLEL = ("batch_size", "buffer_size")
+    RANK_STATE = ("replay_buffer",)
 
     @classmethod
     def check_config(cls, values: dict, config: dict) -> None:
@@ -66,6 +71,7 @@ class SAC:
         policy: SquashedGaussianActor,
         total_frames: int,
         device: torch.device | str = "cpu",
+        strategy: Strategy = Single(),
         lr: PositiveNumber = 1e-3,  # actor and temperature learning rate (Adam)
         critic_lr: PositiveNumber = 1e-3,  # critics' learning rate (Adam)
         gamma: PositiveFraction = 0.99,  # discount factor
@@ -83,6 +89,10 @@ class SAC:
         cuda_graph: Switch = "auto",  # replay each gradient step as one CUDA graph; auto: on a CUDA learner
     ):
         self.policy, self.device, self.total_frames = policy, torch.device(device), total_frames
+        # A data-parallel learner steps on its share of each minibatch, sampled from its own buffer; the
+        # gradients are averaged over the ranks.
+        self.strategy = strategy
+        batch_size, buffer_size = batch_size // strategy.size, buffer_size // strategy.size
         self.gamma, self.tau, self.batch_size, self.utd = gamma, tau, batch_size, utd
         self.warmup_frames, self.autotune = warmup_frames, autotune
         obs_dim = policy.encoder.out_dim
@@ -91,7 +101,11 @@ class SAC:
         self.q_target = copy.deepcopy(self.q).requires_grad_(False)
         self.target_entropy = -float(act_dim) if target_entropy is None else target_entropy
         self.log_alpha = torch.tensor(float(alpha), device=self.device).log().requires_grad_(autotune)
-        graphed = cuda_graph_enabled(cuda_graph, self.device)
+        self._critics = strategy.wrap(self.q)  # the critics' loss: its gradients averaged over the ranks
+        self._actor = strategy.wrap(policy, "sample")  # the actor's loss: likewise
+        # Not with data-parallel ranks yet: their step exchanges statistics mid-way (the config check says so).
+        graphed = cuda_graph_enabled(cuda_graph, self.device) and not strategy.PARALLEL
+        compiled = compile_enabled(compile, self.device) and not strategy.PARALLEL
         self.actor_optimizer = optimizers.adam(policy.parameters(), lr, self.device, graphed)
         self.critic_optimizer = optimizers.adam(self.q.parameters(), critic_lr, self.device, graphed)
         self.alpha_optimizer = optimizers.adam([self.log_alpha], lr, self.device, graphed) if autotune else None
@@ -100,8 +114,7 @@ class SAC:
                                     nonfinite, self.device)
         self._critic_params, self._actor_params = list(self.q.parameters()), list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
-        self._run = UpdateStep(self._gradient_step, "SAC's gradient step", compile_enabled(compile, self.device),
-                               graphed, batch_size)
+        self._run = UpdateStep(self._gradient_step, "SAC's gradient step", compiled, graphed, batch_size)
         self.frames = 0
         self._owed_steps = 0.0  # fractional gradient steps carried between batches
         self._pending: PendingSteps | None = None  # the update under way, until it ends
@@ -170,11 +183,11 @@ class SAC:
 
     def _store(self, batch: TensorDict) -> int:
         """Add ``batch`` to the replay buffer; the number of gradient steps it is owed (none in warm-up)."""
-        frames = batch.numel()
+        frames = batch.numel() * self.strategy.size  # the whole job's (each rank collects an equal share)
         self.frames += frames
         batch = to_learner(batch, _STORED_KEYS, self.device)
         self.buffer.extend(batch)
-        self.policy.encoder.update(batch["observation"])
+        self.policy.encoder.update(batch["observation"], self.strategy.moments)
         if self.frames < self.warmup_frames:
             return 0
         if self.policy.uniform:
@@ -208,7 +221,7 @@ class SAC:
             next_action, next_log_prob = policy.sample(next_obs, noise=noise[0])
             next_q = q_target(critic_next_obs, next_action.flatten(1)).min(0).values
             target = reward + self.gamma * (~terminated).float() * (next_q - alpha * next_log_prob)
-        q_values = q(critic_obs, action)
+        q_values = self._critics(critic_obs, action)
         critic_loss = 0.5 * (q_values - target).square().mean(1).sum()
         self.critic_optimizer.zero_grad(set_to_none=True)
         critic_loss.backward()
@@ -217,8 +230,8 @@ class SAC:
 
         # Actor: maximize min-Q plus entropy, through the reparameterized sample. Only the actor's
         # gradients are computed: the critics' would be thrown away (a third of this backward).
-        new_action, log_prob = policy.sample(obs, noise=noise[1])
-        q_pi = q(critic_obs, new_action.flatten(1)).min(0).values
+        new_action, log_prob = self._actor(obs, noise=noise[1])
+        q_pi = q(critic_obs, new_action.flatten(1)).min(0).values  # (the critics themselves: no gradient to average)
         actor_loss = (alpha * log_prob - q_pi).mean()
         self.actor_optimizer.zero_grad(set_to_none=True)
         actor_loss.backward(inputs=self._actor_params)
@@ -228,7 +241,10 @@ class SAC:
         # Temperature: raise alpha when entropy is below target, lower it when above.
         alpha_loss = torch.zeros((), device=self.device)
         if self.autotune:
-            alpha_loss = -(self.log_alpha * (log_prob.detach() + self.target_entropy)).mean()
+            entropy_gap = log_prob.detach() + self.target_entropy
+            if self.strategy.PARALLEL:  # every rank's samples: the same temperature step everywhere
+                entropy_gap = self.strategy.mean(entropy_gap.mean())
+            alpha_loss = -(self.log_alpha * entropy_gap).mean()
             self.alpha_optimizer.zero_grad(set_to_none=True)
             alpha_loss.backward()
             self.guard.check("alpha", alpha_loss, [self.log_alpha])

@@ -87,7 +87,8 @@ class CheckpointHook(Hook):
         t0 = time.perf_counter()
         ranks = None
         if self.strategy.PARALLEL:
-            parts = self.strategy.gather({**checkpoint.rank_part(), checkpoint.COLLECTOR_KEY: collector_state})
+            mine = {} if self.strategy.is_main else checkpoint.rank_part(self.algo, self.replay_buffer)
+            parts = self.strategy.gather_to_main({**mine, checkpoint.COLLECTOR_KEY: collector_state})
             if not self.strategy.is_main:
                 return None
             ranks = parts[1:]

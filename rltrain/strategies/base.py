@@ -53,11 +53,19 @@ class Strategy:
         return x
 
     def gather(self, obj: Any) -> list[Any]:
-        """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+        """Every rank's ``obj`` (plain picklable values, no tensors), in rank order, on every rank."""
+        return [obj]
+
+    def max(self, values: list[int]) -> list[int]:
+        """Each of ``values`` (integers, the same count on every rank): its largest over the ranks."""
+        return values
+
+    def gather_to_main(self, obj: Any) -> list[Any] | None:
+        """Every rank's ``obj`` (picklable, tensors too), in rank order, on rank 0 (None on the others)."""
         return [obj]
 
     def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` (picklable), on every rank."""
+        """Rank 0's ``obj`` (picklable, tensors too), on every rank."""
         return obj
 
     def failure(self, error: BaseException, during: str) -> Exception | None:
