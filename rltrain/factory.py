@@ -231,7 +231,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
                            run_dir=run_dir, algo=algo, collector=collector, config=resolved, hooks=hooks, task=task,
                            model=model, rewards=rewards, strategy=strategy)
         hooks.update((name, _instantiate_with(node, **hook_args)) for name, node in (cfg.get("hooks") or {}).items()
-                     if strategy.is_main or get_class(node._target_).ALL_RANKS)
+                     if strategy.is_main or getattr(get_class(node._target_), "ALL_RANKS", False))
 
         trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)  # the trainer's keys are its arguments
         if trainer_args.get("stop_at_return") == "auto":
