@@ -132,7 +132,8 @@ def _command(pid: int) -> str:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             argv = f.read().decode(errors="replace").split("\0")[:-1]
     except OSError:
-        argv = sys.argv if pid == os.getpid() else ["?"]
+        argv = sys.argv if pid == os.getpid() else []
+    argv = argv or ["?"]  # (empty while a process just started execs its program, or is a zombie)
     argv[0] = os.path.basename(argv[0])
     command = " ".join(argv)
     return command if len(command) <= 200 else command[:197] + "..."
