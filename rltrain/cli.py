@@ -265,4 +265,17 @@ def main() -> None:
         print("rltrain: a sweep (-m) cannot run inside a torchrun job; start one torchrun job per configuration",
               file=sys.stderr)
         sys.exit(EXIT_REFUSED)
-    run()
+    if world is None:
+        run()
+        return
+    # A rank of a torchrun job ends without the interpreter's teardown, its run closed by then: gloo's worker
+    # thread may still be releasing the last collective's tensors, which takes the GIL, and a thread taking it
+    # during finalization aborts the process ("terminate called without an active exception").
+    code = 0
+    try:
+        run()
+    except SystemExit as e:
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else 0 if e.code is None else EXIT_FAILED
+    process_groups.exit_without_teardown(code)

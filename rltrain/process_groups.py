@@ -191,9 +191,10 @@ def raise_failures(store: dist.Store, ranks: Iterable[int]) -> None:
 
 def exit_without_teardown(code: int) -> None:
     """End this process now, its output flushed, skipping the interpreter's teardown: a thread may
-    still wait in gloo (for a push or broadcast that will not come), and tearing down under it
-    aborts the process or holds it up to the wait's timeout. For rltrain's own processes only
-    (collector workers and ranks), whose cleanup is done by then."""
+    still wait in gloo (for a push or broadcast that will not come), or still be releasing a finished
+    collective's tensors (which takes the GIL); tearing down under either aborts the process or holds
+    it up to the wait's timeout. For rltrain's own processes only (collector workers, the ranks of a
+    torchrun job), whose cleanup is done by then."""
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()

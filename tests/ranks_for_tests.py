@@ -12,6 +12,7 @@ from tensordict import TensorDict
 
 from rltrain.algos import PPO, ActorCritic
 from rltrain.envs import make_envs
+from rltrain.process_groups import exit_without_teardown
 from rltrain.strategies import DDP, Single
 
 STEPS, ENVS = 16, 8
@@ -45,6 +46,8 @@ def main(out: str) -> None:
     if strategy.is_main:
         torch.save({"weights": policy.state_dict(), "metrics": metrics}, out)
     strategy.close()
+    if strategy.size > 1:  # as rltrain's own ranks end (its cli): see process_groups.exit_without_teardown
+        exit_without_teardown(0)
 
 
 if __name__ == "__main__":
