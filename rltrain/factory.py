@@ -220,7 +220,8 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
         collector = _instantiate_with(share.collector, **runtime(
             "collector", make_env=make_env, make_policy=make_policy, make_receiver=scheme.receiver, env_spec=env_spec,
-            seed=seed, sender=sender, task=task, engine=engine, model=model, rewards=rewards, device=device))
+            seed=seed, sender=sender, task=task, engine=engine, model=model, rewards=rewards, device=device,
+            strategy=strategy))
         cleanup.callback(collector.close)
         restore.collector(collector)
 

@@ -305,6 +305,19 @@ def _check_learner_ranks(cfg: DictConfig, parts: dict[str, tuple[type, dict]], s
             raise ConfigError(f"{key}={value} does not split over the {world.size} ranks of {name} (each takes "
                               f"its share); use a multiple of {world.size}, e.g. {key}={value - value % world.size}"
                               f" or {value + world.size - value % world.size}")
+    whole = [key for key in capability(collector, Collector, "BATCH_ENVS") if key not in split]  # (GRPO's groups)
+    frames, unit = sizes["collector.frames_per_batch"], math.prod(_value(cfg, parts, key) or 1 for key in whole)
+    if whole and isinstance(frames, int) and isinstance(unit, int) and frames % (world.size * unit):
+        step = world.size * unit
+        raise ConfigError(f"collector.frames_per_batch={frames} does not split into whole {' x '.join(whole)}={unit} "
+                          f"groups over the {world.size} ranks of {name} (each rank takes frames_per_batch / "
+                          f"{world.size}, whole groups of its own); use a multiple of {step}, e.g. "
+                          f"collector.frames_per_batch={max(step, frames - frames % step)}")
+    engine = parts.get("engine", (None,))[0] if is_language_task(cfg) else None
+    if engine is not None and not capability(engine, Engine, "LEARNER_RANKS"):
+        raise ConfigError(f"{_label('engine', engine)} does not run on the ranks of {name} yet (each rank generates "
+                          "its share with an engine of its own); use engine=transformers with it, or "
+                          "strategy=single")
     for key in ("compile", "cuda_graph"):
         if algo_values.get(key) is True:
             raise ConfigError(f"algo.{key}=true is not supported with {name} yet (its update exchanges statistics "

@@ -33,7 +33,7 @@ RUNTIME_ARGS = {
     "algo.network": ("env_spec",),
     "engine": ("model", "tokenizer", "receiver", "policy", "device", "seed", "run_dir"),
     "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender", "task", "engine", "model",
-                  "rewards", "device"),
+                  "rewards", "device", "strategy"),
     "logger": ("run_dir", "config", "resume"),
     "hooks": ("policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
               "config", "hooks", "task", "model", "rewards", "strategy"),
@@ -95,7 +95,8 @@ def without(node: DictConfig, keys: set[str]) -> DictConfig:
 def rank_share(cfg: DictConfig, rank: int, size: int) -> DictConfig:
     """``cfg`` as learner rank ``rank`` of a data-parallel learner of ``size`` ranks collects: its share of
     ``collector.frames_per_batch`` and of the envs (the collector's ``RANK_SPLIT`` keys), and ``seed`` that
-    of its first env, so that env i of the whole job gets ``seed + i`` as in one process."""
+    of its first env, so that env i of the whole job gets ``seed + i`` as in one process (a collector that
+    splits no envs keeps the job's seed, and takes its rank from the strategy it is given)."""
     if size == 1:
         return cfg
     cls = get_class(cfg.collector._target_)
@@ -109,5 +110,6 @@ def rank_share(cfg: DictConfig, rank: int, size: int) -> DictConfig:
     with open_dict(share):
         for key in ("collector.frames_per_batch", *cls.RANK_SPLIT):
             OmegaConf.update(share, key, value(key) // size, force_add=True)
-        share.seed = cfg.seed + rank * math.prod(value(key) for key in cls.BATCH_ENVS)
+        if cls.RANK_SPLIT:  # (a collector that splits no envs seeds its ranks itself: GenerationCollector)
+            share.seed = cfg.seed + rank * math.prod(value(key) for key in cls.BATCH_ENVS)
     return share

@@ -23,6 +23,12 @@ from rltrain.llm.rewards import correct_answer
 from rltrain.rules import InRange, NonNegativeNumber, OneOf, PositiveInt
 
 
+class OneProcessPPO(PPO):
+    """An algo of a user's own that does not say which of its sizes a data-parallel learner splits."""
+
+    DATA_PARALLEL = None
+
+
 class KLPenaltyPPO(PPO):
     """PPO with a KL penalty: its own parameters have rules; PPO's keep theirs (``algo.lr``, ...)."""
 

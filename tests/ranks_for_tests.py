@@ -1,17 +1,23 @@
-"""One PPO update on a fixed global batch, as the learner-rank tests run it: ``python -m tests.ranks_for_tests
-OUT`` in one process, or under torchrun on N data-parallel ranks (``strategy=ddp``), each rank on its share
-of the env columns. The weights after the update and its metrics (averaged over the ranks, as the trainer
-does) go to OUT."""
+"""One update on a fixed global batch, as the learner-rank tests run it: ``python -m tests.ranks_for_tests
+OUT [grpo MODEL_DIR]`` in one process, or under torchrun on N data-parallel ranks (``strategy=ddp``), each
+rank on its share: PPO's env columns, or GRPO's prompts (whole groups). The weights after the update and its
+metrics (averaged over the ranks, as the trainer does) go to OUT."""
 
 from __future__ import annotations
 
+import functools
 import sys
 
 import torch
 from tensordict import TensorDict
 
-from rltrain.algos import PPO, ActorCritic
+from rltrain.algos import GRPO, PPO, ActorCritic
+from rltrain.collectors.generation import complete
 from rltrain.envs import make_envs
+from rltrain.llm.engine import Sampling, TransformersEngine
+from rltrain.llm.model import LanguageModel
+from rltrain.llm.rewards import Rewards, correct_answer, length_penalty
+from rltrain.llm.tasks import ReverseDigits
 from rltrain.process_groups import exit_without_teardown
 from rltrain.strategies import DDP, Single
 
@@ -31,8 +37,31 @@ def global_batch(policy: ActorCritic) -> TensorDict:
                        ("next", "observation"): obs[1:]}, batch_size=[STEPS, ENVS])
 
 
-def main(out: str) -> None:
+PROMPTS, GROUP = 8, 4  # GRPO: 8 prompts of the task, 4 completions each
+
+
+def grpo(strategy, model_dir: str):
+    """GRPO (2 epochs, TIS, a KL penalty, micro-batches of 2 groups) on completions of the tiny model in
+    ``model_dir``, sampled and scored the same way on every rank; each rank updates on its share of the groups.
+    The length penalty gives random weights' completions rewards that differ within a group."""
+    model = LanguageModel(model_dir)
+    policy = model.load()
+    engine = TransformersEngine(model.load(), model.tokenizer())
+    rows = ReverseDigits(seed=3).take(PROMPTS)
+    rewards = Rewards({"correct": correct_answer, "length": functools.partial(length_penalty, max_chars=3)})
+    batch = complete(engine, model, rows, GROUP, Sampling(temperature=1.3, max_new_tokens=3), rewards, seed=5)
+    algo = GRPO(policy, total_frames=10_000, strategy=strategy, epochs=2, micro_batch_size=2 * GROUP, lr=3e-3,
+                kl_coef=0.05)
+    share = PROMPTS // strategy.size
+    return policy, algo, batch[strategy.rank * share:(strategy.rank + 1) * share]
+
+
+def main(out: str, algo_name: str = "ppo", model_dir: str = "") -> None:
     strategy = DDP(timeout_s=60) if "WORLD_SIZE" in __import__("os").environ else Single()
+    if algo_name == "grpo":
+        policy, algo, batch = grpo(strategy, model_dir)
+        finish(strategy, policy, algo.update(batch), out)
+        return
     torch.manual_seed(0)
     env = make_envs("CartPole-v1")
     policy = ActorCritic(env.spec, hidden_sizes=(32, 32), normalize_obs=True)
@@ -41,7 +70,10 @@ def main(out: str) -> None:
                normalize_reward=True, target_kl=1.0)
     share = ENVS // strategy.size
     batch = global_batch(policy)[:, strategy.rank * share:(strategy.rank + 1) * share]
-    metrics = algo.update(batch)
+    finish(strategy, policy, algo.update(batch), out)
+
+
+def finish(strategy, policy, metrics: dict, out: str) -> None:
     metrics = {k: sum(m[k] for m in strategy.gather(metrics)) / strategy.size for k in metrics}
     if strategy.is_main:
         torch.save({"weights": policy.state_dict(), "metrics": metrics}, out)
@@ -51,4 +83,4 @@ def main(out: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

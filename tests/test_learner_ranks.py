@@ -12,8 +12,16 @@ import pytest
 import torch
 
 from rltrain import checkpoint
+from rltrain.collectors.generation import GenerationCollector
+from rltrain.llm.engine import TransformersEngine
+from rltrain.llm.model import LanguageModel
+from rltrain.llm.rewards import Rewards
+from rltrain.llm.tasks import ReverseDigits
+from rltrain.llm.tiny import write_tiny_model
+from rltrain.strategies import Single
 from tests.conftest import ROOT, run_cli
 from tests.test_distributed import free_port, newest_run_dir, run_dirs, torchrun, wait_for_frames
+from tests.test_grpo import ONE_TOKEN
 from tests.test_run_management import PPO_RUN, SAC_RUN, learning_rows, signal_at
 
 DDP = ("strategy=ddp",)
@@ -22,15 +30,7 @@ DDP = ("strategy=ddp",)
 def test_two_ddp_ranks_make_the_update_of_one_process_on_the_same_global_batch(tmp_path):
     # tests/ranks_for_tests.py: one PPO update (4 epochs, advantage, observation and return normalization,
     # the approximate KL early stop) on a fixed batch of 8 env columns; each rank takes 4 of them.
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    one = subprocess.run([sys.executable, "-m", "tests.ranks_for_tests", str(tmp_path / "one.pt")], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert one.returncode == 0, one.stderr
-    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                          "-m", "tests.ranks_for_tests", str(tmp_path / "two.pt")], env=env, capture_output=True,
-                         text=True, timeout=120)
-    assert two.returncode == 0, two.stderr
-    one, two = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    one, two = (_update_on(tmp_path / f"{n}.pt", n) for n in (1, 2))
     # Not bitwise: each rank sums its half of the samples, and DDP averages the two halves' gradients, so
     # float32 sums are taken in another order (one rounding, ~6e-8, after 4 epochs of Adam steps).
     for name, weight in one["weights"].items():
@@ -38,6 +38,99 @@ def test_two_ddp_ranks_make_the_update_of_one_process_on_the_same_global_batch(t
     assert two["metrics"].keys() == one["metrics"].keys()
     for key, value in one["metrics"].items():
         assert two["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
+
+
+def test_two_ddp_ranks_make_grpos_update_of_one_process_on_the_same_groups(tmp_path):
+    # tests/ranks_for_tests.py: GRPO's update (2 epochs, TIS, a KL penalty, micro-batches whose gradients
+    # accumulate) on 8 groups of the tiny model's completions; each rank takes 4 groups.
+    model_dir = write_tiny_model(tmp_path / "tiny")
+    one, two = (_update_on(tmp_path / f"{n}.pt", n, "grpo", str(model_dir)) for n in (1, 2))
+    # Not bitwise: float32 sums in another order (~1e-8 in the gradients), which Adam's g / sqrt(v) magnifies
+    # in weights that barely moved (2.8e-6 after the two steps, at lr 3e-3).
+    for name, weight in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], weight, rtol=0, atol=2e-5, msg=name)
+    # every metric the job's (a token mean over every rank's tokens, the rewards' std over every completion, the
+    # flat groups and the TIS ratios counted over all), but the throughputs of different machines' processes
+    assert two["metrics"].keys() == one["metrics"].keys()
+    assert one["metrics"]["reward/std"] > 0 and one["metrics"]["grpo/clip_fraction"] > 0  # something to compare
+    for key, value in one["metrics"].items():
+        if not key.startswith("perf/"):
+            assert two["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
+
+
+def _update_on(out, ranks: int, *args: str) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}"] if ranks > 1 else []
+    done = subprocess.run([sys.executable, *launch, "-m", "tests.ranks_for_tests", str(out), *args], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr
+    return torch.load(out)
+
+
+class _Rank(Single):
+    """Rank ``rank`` of ``size`` as a data-parallel strategy tells a collector which share is its (no group)."""
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+
+
+class _Recording(TransformersEngine):
+    """The tiny model's engine, keeping the prompts and seed of each batch it is asked for."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.asked = []
+
+    def submit(self, prompts, group_size, sampling, seed=None):
+        self.asked.append((prompts, seed))
+        super().submit(prompts, group_size, sampling, seed)
+
+
+def test_each_ddp_rank_generates_its_share_of_the_prompts_one_process_would_with_seeds_of_its_own(tmp_path):
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
+
+    def collector(strategy, frames_per_batch: int) -> GenerationCollector:
+        return GenerationCollector(ReverseDigits(seed=0), _Recording(model.load(), model.tokenizer()), model,
+                                   Rewards(ReverseDigits.REWARDS), seed=5, frames_per_batch=frames_per_batch,
+                                   group_size=4, max_new_tokens=1, strategy=strategy)
+
+    one, ranks = collector(Single(), 32), [collector(_Rank(r, 2), 16) for r in (0, 1)]  # 8 prompts: 4 a rank
+    for c in (one, *ranks):
+        assert [tuple(c.collect().shape) for _ in range(3)] == [(8 if c is one else 4, 4)] * 3  # whole groups
+    for b in range(3):  # rank 0 the first half of the job's prompts, rank 1 the second: never the same one
+        assert [p for c in ranks for p in c.engine.asked[b][0]] == one.engine.asked[b][0]
+    seeds = [c.engine.asked[b][1] for c in ranks for b in range(3)]
+    assert len(set(seeds)) == len(seeds)  # each rank's draws its own
+    assert [c.state_dict()["task"] for c in ranks] == [one.state_dict()["task"]] * 2  # the job's position
+
+
+def test_grpo_on_two_ddp_ranks_learns_the_single_token_task_as_one_process_does(tmp_path):
+    # tests/test_grpo.py's run on one process: rewards from chance to above 0.8 (sampled), 0.9 (greedy eval)
+    result = torchrun(*DDP, *ONE_TOKEN, cwd=tmp_path, nproc=2, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [run_dir] = run_dirs(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert summary["status"] == "completed" and summary["frames"] == 19200 and summary["updates"] == 150
+    assert rows[0]["reward/mean"] < 0.2, rows[0]
+    assert rows[-1]["reward/mean"] > 0.8 and summary["train_return"] > 0.8, rows[-1]
+    assert summary["eval_return"] > 0.9 and rows[-1]["eval/reward/correct"] > 0.9
+    assert (run_dir / "model" / "config.json").is_file()  # rank 0's, once
+
+
+def test_a_grpo_ddp_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_path):
+    run = ("algo=grpo", "collector.max_new_tokens=1", "trainer.total_frames=2560", "seed=2", "~hooks.log.every",
+           "+hooks.log.every={batches:2}")
+    full = torchrun(*DDP, *run, "hydra.run.dir=outputs/full", cwd=tmp_path, nproc=2)
+    assert full.returncode == 0, full.stderr
+    torchrun(*DDP, *run, *signal_at(1280), "hydra.run.dir=outputs/split", cwd=tmp_path, nproc=2)
+    split = tmp_path / "outputs/split"
+    assert json.loads((split / "summary.json").read_text())["status"] == "interrupted"
+    resumed = torchrun(*DDP, *run, f"resume={split}", "hydra.run.dir=outputs/resume", cwd=tmp_path, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr
+    # the task's position, each rank's sampling seeds, the weights pushed to each rank's engine and Adam came back
+    assert learning_rows(split) == learning_rows(tmp_path / "outputs/full")
+    assert [r["reward/mean"] for r in learning_rows(split)][-1] > 0
 
 
 def test_ppo_on_two_ddp_ranks_solves_cartpole_and_rank_0_alone_writes_the_run(tmp_path):
@@ -87,7 +180,11 @@ def test_strategy_ddp_outside_torchrun_says_how_to_launch_it(tmp_path):
     (("algo.minibatch_size=255",), "algo.minibatch_size=255 does not split over the 2 ranks"),
     (("collector=distributed", "sync=distributed"), "every rank learns and collects its own share"),
     (("collector=async",), "collector=async cannot be split over the ranks of strategy=ddp"),
-    (("algo=grpo",), "algo=grpo does not learn on the data-parallel ranks of strategy=ddp"),
+    (("algo=grpo", "collector.frames_per_batch=24", "collector.group_size=8"),
+     "collector.frames_per_batch=24 does not split into whole collector.group_size=8 groups over the 2 ranks"),
+    (("algo=grpo", "engine=vllm", "sync=vllm"), "engine=vllm does not run on the ranks of strategy=ddp yet"),
+    (("algo._target_=tests.parts_for_tests.OneProcessPPO",),
+     "algo._target_=tests.parts_for_tests.OneProcessPPO does not learn on the data-parallel ranks of strategy=ddp"),
 ])
 def test_what_cannot_run_on_ddp_ranks_is_refused_in_one_line(args, says, tmp_path):
     result = torchrun(*DDP, *args, cwd=tmp_path, nproc=2, timeout=120)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -29,7 +30,8 @@ from rltrain.algos.grpo_loss import (
     aggregate,
     group_advantages,
     kl_k3,
-    tis_diagnostics,
+    tis_from_sums,
+    tis_sums,
     tis_weights,
     token_losses,
 )
@@ -45,27 +47,30 @@ from rltrain.rules import (
     PositiveInt,
     PositiveNumber,
 )
+from rltrain.strategies import Single, Strategy
 
 SCHEDULES = ("constant", "linear", "cosine")
 # A cap below 1 would scale down even the tokens the sampler and the learner agree on: a smaller lr.
 TisCap = Annotated[float | None, Number(at_least=1, null="the ratio against the sampling log-probs, no weight")]
 
 
-def token_logprobs(model, batch: TensorDict, group_size: int = 1,
-                   temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(model, batch: TensorDict, group_size: int = 1, temperature: float = 1.0,
+                   forward: Callable | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Each completion token's log-prob under ``model`` at the sampling ``temperature`` (the rows of
     ``batch``, flat), and the entropy of that distribution.
 
     Rows come in groups of ``group_size`` completions of one prompt: each prompt then goes through the
     model once, and its keys and values (with their gradients) serve every completion of its group,
     instead of once per completion (the same figures, for a fraction of the prompt's cost). Rows that
-    are not whole groups of one prompt go through whole, prompt and completion together."""
+    are not whole groups of one prompt go through whole, prompt and completion together. ``forward``
+    calls the model (a data-parallel learner's wrapper: its backward pass averages the gradients)."""
+    forward = forward or model
     if whole_groups(batch["prompt_ids"], group_size):
-        logits = _logits_sharing_prompts(model, batch, group_size)
+        logits = _logits_sharing_prompts(model, batch, group_size, forward)
     else:
         ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
         mask = torch.cat([batch["prompt_mask"], batch["completion_mask"]], dim=1)
-        logits = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
+        logits = forward(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
         logits = logits[:, batch["prompt_ids"].shape[1] - 1:-1]
     logp_all = torch.log_softmax(logits.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, batch["completion_ids"].unsqueeze(-1)).squeeze(-1)
@@ -73,17 +78,17 @@ def token_logprobs(model, batch: TensorDict, group_size: int = 1,
     return logp, entropy
 
 
-def _logits_sharing_prompts(model, batch: TensorDict, group_size: int) -> torch.Tensor:
+def _logits_sharing_prompts(model, batch: TensorDict, group_size: int, forward: Callable) -> torch.Tensor:
     """The logits that predict each completion token ``[rows, T, vocab]``: one pass over each group's
     prompt, whose cache (repeated for every completion of the group) the completions then attend to."""
     prompt_mask, completions = batch["prompt_mask"], batch["completion_ids"]
-    prompt, cache = prompt_pass(model, batch["prompt_ids"], prompt_mask, group_size)
+    prompt, cache = prompt_pass(model, batch["prompt_ids"], prompt_mask, group_size, forward)
     first = prompt.logits[:, -1:].repeat_interleave(group_size, dim=0)  # predicts each completion's first token
     if completions.shape[1] == 1:
         return first
     mask = torch.cat([prompt_mask, batch["completion_mask"]], dim=1)[:, :-1]
     start = prompt_mask.shape[1]
-    rest = model(input_ids=completions[:, :-1], attention_mask=mask, position_ids=positions(mask)[:, start:],
+    rest = forward(input_ids=completions[:, :-1], attention_mask=mask, position_ids=positions(mask)[:, start:],
                  use_cache=True, **{cache_name(model): cache}).logits
     return torch.cat([first, rest], dim=1)
 
@@ -97,6 +102,9 @@ class GRPO:
     # Keys GRPO had while the collector's sampling settings were copied into it: it reads them from each batch.
     MOVED_KEYS = {"temperature": "is now collector.temperature (GRPO reads the temperature each batch was sampled at)",
                   "max_new_tokens": "is now collector.max_new_tokens (GRPO reads it from each batch)"}
+    # With strategy=ddp each rank updates on its share of the prompts (whole groups: the collector's); no size of
+    # its own is global (micro_batch_size is what one forward pass holds, on each rank).
+    DATA_PARALLEL = ()
     NEEDS_PUSHES = ("GRPO's ratios (or tis_cap's weights) compare the learner with the weights that sampled; "
                     "without pushes the engine keeps its first weights and they drift until every token is clipped "
                     "or truncated")
@@ -137,8 +145,10 @@ class GRPO:
         kl_coef: NonNegativeNumber = 0.0,  # weight of the k3 KL to a frozen copy of the initial model; 0 keeps none
         max_grad_norm: PositiveNumber = 1.0,  # global gradient-norm clip
         nonfinite: NonFinite = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
+        strategy: Strategy = Single(),
     ):
         self.policy, self.device, self.total_frames = policy, torch.device(device), total_frames
+        self.strategy = strategy
         self.lr, self.lr_schedule, self.warmup = lr, lr_schedule, warmup
         self.epochs, self.micro_batch_size = epochs, micro_batch_size
         self.clip_low, self.clip_high, self.aggregation = clip_low, clip_high, loss_aggregation
@@ -151,6 +161,7 @@ class GRPO:
         self.reference = (copy.deepcopy(policy).eval().requires_grad_(False)
                           if kl_coef and self._adapters_off is None else None)
         self._params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
+        self._forward = strategy.wrap(policy)  # (data-parallel: its backward pass averages the ranks' gradients)
         # Fused: it skips a step the guard flags, and computes each step in float32 whatever the weights' dtype
         # (its moments stay in that dtype; the unfused AdamW turns float16 weights into NaN at the first step:
         # its eps underflows to 0).
@@ -163,7 +174,7 @@ class GRPO:
         group_size = batch.shape[1]
         started = time.perf_counter()
         self._set_lr()
-        self.frames += batch.numel()
+        self.frames += batch.numel() * self.strategy.size  # the whole job's completions: the schedule is global
         flat = batch.reshape(-1).to(self.device)
         if not bool(torch.isfinite(flat["log_prob"]).all()):
             raise NonFiniteError(f"the engine's log-probs of this batch (weights version "
@@ -179,19 +190,25 @@ class GRPO:
         if self.mask_truncated:
             mask = mask * (~flat["truncated"]).float().unsqueeze(1)
         norm = Normalizer.of(mask, max_new_tokens)
+        if self.strategy.size > 1:  # the ranks' gradients are averaged: each divides by the mean tokens of a rank
+            norm = dataclasses.replace(norm, tokens=float(self.strategy.mean(mask.sum())) or 1.0)
         ref = self._reference_logprobs(flat, group_size, temperature) if self.kl_coef else None
         self.policy.train()
         # With a cap: the learner's log-probs before this update's step. The first pass's are those (its
         # micro-batches only accumulate gradients, the one step comes after them), kept for later passes.
         old = None if self.tis_cap is None else torch.zeros_like(mask)
         sums = {"loss": 0.0, "clip_fraction": 0.0, "entropy": 0.0, "kl": 0.0, "grad_norm": 0.0, "ratio_max": 0.0}
+        starts = range(0, flat.shape[0], self.micro_batch_size)
         for epoch in range(self.epochs):
             self.optimizer.zero_grad(set_to_none=True)
             epoch_loss = torch.zeros((), device=self.device)
-            for start in range(0, flat.shape[0], self.micro_batch_size):
+            for start in starts:
                 rows = slice(start, start + self.micro_batch_size)
                 part, kept = flat[rows], mask[rows]
-                logp, entropy = token_logprobs(self.policy, part, self._group_rows(group_size), temperature)
+                last = start == starts[-1]  # data-parallel: the gradients are averaged once, after the last
+                with contextlib.nullcontext() if last else self.strategy.accumulating(self._forward):
+                    logp, entropy = token_logprobs(self.policy, part, self._group_rows(group_size), temperature,
+                                                   self._forward)
                 old_logp, weight = part["log_prob"], None
                 if old is not None:
                     if epoch == 0:
@@ -200,7 +217,8 @@ class GRPO:
                 losses = token_losses(logp, old_logp, advantages[rows], self.clip_low, self.clip_high,
                                       None if ref is None else ref[rows], self.kl_coef, weight)
                 loss = aggregate(losses, kept, self.aggregation, norm)
-                loss.backward()
+                with contextlib.nullcontext() if last else self.strategy.accumulating(self._forward):
+                    loss.backward()
                 epoch_loss += loss.detach()
                 with torch.no_grad():
                     ratio = torch.exp(logp - old_logp)
@@ -226,15 +244,33 @@ class GRPO:
         seconds = time.perf_counter() - started
         metrics = {f"grpo/{k}": v / (1 if k == "ratio_max" else self.epochs) for k, v in sums.items()
                    if k != "kl" or ref is not None}
-        if old is not None:
-            diagnostics = tis_diagnostics(old, flat["log_prob"], mask, self.tis_cap)
-            metrics.update({f"grpo/tis/{k}": v for k, v in diagnostics.items()})
         metrics.update(batch_metrics(batch))
         metrics.update({"grpo/flat_groups": float(flat_groups), "grpo/lr": self.optimizer.param_groups[0]["lr"],
                         "perf/trained_tokens_per_s": self.epochs * float(flat["completion_mask"].sum()) / seconds})
+        tis = None if old is None else tis_sums(old, flat["log_prob"], mask, self.tis_cap)
+        if self.strategy.size > 1:
+            metrics, tis = self._whole_job(metrics, batch, tis)
+        if tis is not None:
+            metrics.update({f"grpo/tis/{k}": v for k, v in tis_from_sums(*tis).items()})
         if skipped:
             metrics["nonfinite/skipped_steps"] = skipped
         return metrics
+
+    def _whole_job(self, metrics: dict, batch: TensorDict, tis: tuple | None) -> tuple[dict, tuple | None]:
+        """Data-parallel: the metrics that a mean over the ranks' (the trainer's) would not make the whole job's,
+        made so here: counts and rates summed, maxima the largest, the rewards' std and the TIS diagnostics over
+        every rank's completions. The rest are means over equal shares already (or the same on every rank)."""
+        summed = SUMMED_OVER_RANKS  # every key on every rank (0 where a rank has none): one collective's shape
+        local = torch.tensor([metrics.get(k, 0.0) for k in summed], dtype=torch.float64)
+        total = self.strategy.sum(local if tis is None else torch.cat([local, tis[0]]))
+        metrics.update((k, v) for k, v in zip(summed, total[:len(summed)].tolist()) if k in metrics)
+        top = self.strategy.max([metrics["grpo/ratio_max"], -math.inf if tis is None else tis[1]])
+        metrics["grpo/ratio_max"] = top[0]
+        rewards = reward_columns(batch)
+        mean, var, count = self.strategy.moments(torch.stack(list(rewards.values()), dim=1).double())
+        std = (var * count / max(count - 1, 1)).sqrt()  # unbiased, as batch_metrics' torch.std
+        metrics.update({f"{name}/std": float(s) for name, s in zip(rewards, std)})
+        return metrics, None if tis is None else (total[len(summed):], top[1])
 
     def _group_rows(self, group_size: int) -> int:
         """The group size a micro-batch shares prompts by: the groups', where micro-batches hold whole groups."""
@@ -278,13 +314,21 @@ class GRPO:
             self.reference.load_state_dict(state["reference"])
 
 
+# Metrics of a data-parallel learner that add up over its ranks (the trainer averages the rest).
+SUMMED_OVER_RANKS = ("grpo/flat_groups", "perf/trained_tokens_per_s", "perf/generated_tokens_per_s")
+
+
+def reward_columns(batch: TensorDict) -> dict[str, torch.Tensor]:
+    """Each completion's reward, flat: the weighted total (``reward``) and each function's (``reward/NAME``)."""
+    named = {"reward": batch["reward"], **{f"reward/{k}": v for k, v in batch["rewards"].items()}}
+    return {name: values.float().reshape(-1) for name, values in named.items()}
+
+
 def batch_metrics(batch: TensorDict) -> dict[str, float]:
     """What a batch of completions says: each reward's mean and std (the total's, and each
     function's), completion length, the share cut at max_new_tokens, tokens generated per second."""
     metrics = {}
-    named = {"reward": batch["reward"], **{f"reward/{k}": v for k, v in batch["rewards"].items()}}
-    for name, values in named.items():
-        values = values.float().reshape(-1)
+    for name, values in reward_columns(batch).items():
         metrics[f"{name}/mean"] = values.mean().item()
         metrics[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
     tokens = float(batch["completion_mask"].sum())

@@ -75,13 +75,27 @@ def tis_diagnostics(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: t
     none): the untruncated ratio's mean and max, the share of tokens whose ratio exceeds ``cap``, and
     the normalised effective sample size of the truncated weights, ``(sum w)^2 / (n sum w^2)``: 1 when
     every token weighs the same, near 1/n when one outweighs the rest."""
+    return tis_from_sums(*tis_sums(old_logp, sampling_logp, mask, cap))
+
+
+def tis_sums(old_logp: torch.Tensor, sampling_logp: torch.Tensor, mask: torch.Tensor,
+             cap: float) -> tuple[torch.Tensor, float]:
+    """What ``tis_diagnostics`` is made of, in sums that add up over parts of a batch (a data-parallel
+    learner's ranks): the ratios' sum, the tokens, the weights' sum and sum of squares, the tokens over
+    ``cap`` (float64); and the largest ratio."""
     kept = mask.bool()
     ratio = torch.where(kept, torch.exp(old_logp.double() - sampling_logp.double()), 0.0)
     weight = ratio.clamp(max=cap)
-    n = max(1, int(kept.sum()))
-    ess = weight.sum() ** 2 / (n * (weight ** 2).sum()).clamp_min(torch.finfo(torch.float64).tiny)
-    return {"ratio_mean": ratio.sum().item() / n, "ratio_max": ratio.max().item(), "ess": ess.item(),
-            "truncated": (ratio > cap).sum().item() / n}
+    sums = torch.stack([ratio.sum(), kept.sum().double(), weight.sum(), (weight ** 2).sum(),
+                        (ratio > cap).sum().double()])
+    return sums, ratio.max().item()
+
+
+def tis_from_sums(sums: torch.Tensor, ratio_max: float) -> dict[str, float]:
+    ratio, n, weight, weight_sq, over = sums.tolist()
+    n = max(1.0, n)
+    ess = weight ** 2 / max(n * weight_sq, torch.finfo(torch.float64).tiny)
+    return {"ratio_mean": ratio / n, "ratio_max": ratio_max, "ess": ess, "truncated": over / n}
 
 
 def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:

@@ -13,6 +13,11 @@ The learner's optimizer never touches the weights that generate. With an engine 
 before this one is returned, so it generates while the learner updates: its completions then come
 from the weights one push older than the learner's (GRPO's ``tis_cap`` corrects for that), and the
 trainer drops a batch more than ``max_lag`` versions old.
+
+On the ranks of a data-parallel learner (``strategy=ddp``) each rank's collector holds the same task at
+the same position: every batch takes the whole job's prompts from it, the ones one process would take,
+and rank r keeps its r-th share of them (whole groups, never a prompt another rank has), sampled with a
+seed of its own (``seed + batch x ranks + r``).
 """
 
 from __future__ import annotations
@@ -31,6 +36,7 @@ from rltrain.llm.rewards import Rewards
 from rltrain.llm.tasks import Task
 from rltrain.protocols import Collector
 from rltrain.rules import Flag, OneOf, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
+from rltrain.strategies import Single, Strategy
 
 STOP = Satisfies(lambda v: isinstance(v, (list, tuple)) and all(isinstance(s, str) and s for s in v),
                  "a list of non-empty strings")
@@ -43,6 +49,7 @@ class GenerationCollector(Collector):
     frame is one completion), forever; keys: ``rltrain.llm.engine.Generated.as_batch``."""
 
     BATCH_ENVS = ("collector.group_size",)  # frames_per_batch must be a multiple of it
+    RANK_SPLIT = ()  # data-parallel: each rank's frames_per_batch is its share, whole groups of its own prompts
     IN_LEARNER_PROCESS = True
     TASKS = True
     # Keys this collector had before the engine became a part of its own (engine=): the key that replaced each.
@@ -71,8 +78,10 @@ class GenerationCollector(Collector):
         stop: Annotated[list[str], STOP] = (),
         greedy: Flag = False,
         max_lag: Annotated[int, LAG] = 0,
+        strategy: Strategy = Single(),
     ):
         self.prompts_per_batch = batch_steps(frames_per_batch, group_size, "collector.group_size")
+        self.rank, self.ranks = strategy.rank, strategy.size  # this rank's share of frames_per_batch (the factory's)
         self.group_size, self.seed, self.batches, self.max_lag = group_size, seed, 0, max_lag
         self.sampling = Sampling(temperature, top_p, max_new_tokens, tuple(stop), greedy)
         self.task, self.engine, self.rewards, self.model = task, engine, rewards, model
@@ -103,9 +112,10 @@ class GenerationCollector(Collector):
         return batch
 
     def _submit(self) -> None:
-        rows = self.task.take(self.prompts_per_batch)
+        rows = self.task.take(self.prompts_per_batch * self.ranks)  # the whole job's prompts: this rank's share
+        rows = rows[self.rank * self.prompts_per_batch:(self.rank + 1) * self.prompts_per_batch]
         prompts = [self.model.prompt_text(self.engine.tokenizer, row["prompt"]) for row in rows]
-        seed = self.seed + self.batches
+        seed = self.seed + self.batches * self.ranks + self.rank
         self.batches += 1
         started = time.perf_counter()
         try:
@@ -131,7 +141,7 @@ class GenerationCollector(Collector):
     def _give_back(self, rows: list[dict]) -> None:
         """The engine or a reward failed on the batch of ``rows``: it goes back to the task, so a checkpoint
         (the run's, as it fails) resumes with these prompts and this seed, and nothing is skipped."""
-        self.task.position -= len(rows)
+        self.task.position -= len(rows) * self.ranks
         self.batches -= 1
 
     def state_dict(self) -> dict:

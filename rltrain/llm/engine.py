@@ -97,11 +97,14 @@ class Engine(ABC):
     ``module``, the receiver is connected to the engine's model in this process (by the engine); ``snapshot``,
     the engine loads the newest snapshot itself (a ``SnapshotReceiver``'s); ``push``, the learner pushes
     through ``transfer_client()``; ``GENERATES_AHEAD``, whether ``submit`` returns at once (generation in
-    another process), so that ``collector.max_lag: 1`` can generate the next batch during an update.
+    another process), so that ``collector.max_lag: 1`` can generate the next batch during an update;
+    ``LEARNER_RANKS``, whether every rank of a data-parallel learner (``strategy=ddp``) can hold one of its
+    own, generating that rank's share.
     """
 
     WEIGHTS: tuple[str, ...] = ("module",)
     GENERATES_AHEAD = False
+    LEARNER_RANKS = False
     version: int = 0
     generate_s: float | None = None  # what the last collected batch took to generate, where the engine times it
 
@@ -134,6 +137,8 @@ class TransformersEngine(Engine):
     """``engine=transformers``: transformers' ``generate`` on a model of this process (the embedded default).
     ``policy``: the model it generates with, fed by ``receiver`` before each batch (None: the weights stay
     as they are, as for the eval hook, which generates with the learner's own model)."""
+
+    LEARNER_RANKS = True  # one per rank, generating with that rank's copy of the policy (fed by its pushes)
 
     def __init__(self, policy, tokenizer, receiver: WeightReceiver | None = None):
         self.model, self.tokenizer, self.receiver = policy, tokenizer, receiver

@@ -33,10 +33,11 @@ def whole_groups(ids: torch.Tensor, group_size: int) -> bool:
     return bool((groups == groups[:, :1]).all())
 
 
-def prompt_pass(model, ids: torch.Tensor, mask: torch.Tensor, group_size: int):
+def prompt_pass(model, ids: torch.Tensor, mask: torch.Tensor, group_size: int, forward=None):
     """The model's output on the first row of each group of ``ids`` (left-padded, ``mask``), and its
-    KV cache repeated for every row of the group."""
-    out = model(input_ids=ids[::group_size], attention_mask=mask[::group_size],
+    KV cache repeated for every row of the group. ``forward``: what calls the model (a data-parallel
+    learner's wrapper); the model itself by default."""
+    out = (forward or model)(input_ids=ids[::group_size], attention_mask=mask[::group_size],
                 position_ids=positions(mask[::group_size]), use_cache=True)
     cache = out[cache_name(model)]
     cache.batch_repeat_interleave(group_size)

@@ -9,6 +9,7 @@ plain local computation, so ``strategy=single`` computes exactly what rltrain co
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -40,6 +41,11 @@ class Strategy:
         averages the gradients of ``module``'s parameters over the ranks."""
         return getattr(module, method)
 
+    def accumulating(self, wrapped: Callable) -> contextlib.AbstractContextManager:
+        """Around backward passes whose gradients only accumulate (every micro-batch of a step but the
+        last): data-parallel, they skip averaging, which the last one then does for them all."""
+        return contextlib.nullcontext()
+
     def moments(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Mean, (biased) variance and count of ``x`` over its first dimension, on every rank's ``x`` together."""
         return x.mean(0), x.var(0, unbiased=False), x.shape[0]
@@ -56,8 +62,13 @@ class Strategy:
         """Every rank's ``obj`` (plain picklable values, no tensors), in rank order, on every rank."""
         return [obj]
 
-    def max(self, values: list[int]) -> list[int]:
-        """Each of ``values`` (integers, the same count on every rank): its largest over the ranks."""
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` (a tensor of the same shape on every rank) summed over the ranks."""
+        return x
+
+    def max(self, values: list) -> list:
+        """Each of ``values`` (numbers, the same count on every rank): its largest over the ranks (integers
+        stay integers)."""
         return values
 
     def gather_to_main(self, obj: Any) -> list[Any] | None:

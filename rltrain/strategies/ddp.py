@@ -118,6 +118,9 @@ class DDP(Strategy):
         # itself (``moments``), not broadcast before every forward pass.
         return DistributedDataParallel(_Method(module, method), device_ids=ids, forward_sync_buffers=False)
 
+    def accumulating(self, wrapped: Callable):
+        return wrapped.no_sync()
+
     def moments(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
         mean, var = x.mean(0), x.var(0, unbiased=False)
         local = torch.stack([mean, var, torch.full_like(mean, x.shape[0])])  # one collective for all three
@@ -134,17 +137,21 @@ class DDP(Strategy):
         return (x - mean) / (std + eps)
 
     def mean(self, x: torch.Tensor) -> torch.Tensor:
+        return self.sum(x) / self.size
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
         total = x.detach().clone()
         dist.all_reduce(total)
-        return total / self.size
+        return total
 
     def gather(self, obj: Any) -> list[Any]:
         out: list[Any] = [None] * self.size
         dist.all_gather_object(out, obj)  # plain values: pickled as they are (a few times faster than torch.save)
         return out
 
-    def max(self, values: list[int]) -> list[int]:
-        top = torch.tensor(values, dtype=torch.int64)  # on the CPU: gloo, whatever the learner's device
+    def max(self, values: list) -> list:
+        integers = all(isinstance(v, int) for v in values)
+        top = torch.tensor(values, dtype=torch.int64 if integers else torch.float64)  # on the CPU: gloo, always
         dist.all_reduce(top, op=dist.ReduceOp.MAX)
         return top.tolist()
 
