@@ -17,7 +17,7 @@ from benchmarks.context import Context
 # In the order they run; `learning` (SAC HalfCheetah for 100k frames, about an hour) and `vllm_push` (vLLM engines
 # on models up to 300M parameters, several minutes; it needs vLLM) only when named.
 CATEGORIES = ["advantage", "losses", "replay", "collection", "weight_sync", "end_to_end", "checkpoint", "scale_out",
-              "learner", "llm"]
+              "learner", "learner_ranks", "llm"]
 ON_REQUEST = ["learning", "vllm_push"]
 
 
