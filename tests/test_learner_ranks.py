@@ -182,7 +182,8 @@ def test_strategy_ddp_outside_torchrun_says_how_to_launch_it(tmp_path):
     (("collector=async",), "collector=async cannot be split over the ranks of strategy=ddp"),
     (("algo=grpo", "collector.frames_per_batch=24", "collector.group_size=8"),
      "collector.frames_per_batch=24 does not split into whole collector.group_size=8 groups over the 2 ranks"),
-    (("algo=grpo", "engine=vllm", "sync=vllm"), "engine=vllm does not run on the ranks of strategy=ddp yet"),
+    (("algo=grpo", "engine=vllm_server", "engine.url=http://127.0.0.1:9"),
+     "engine=vllm_server does not run on the ranks of strategy=ddp yet"),
     (("algo._target_=tests.parts_for_tests.OneProcessPPO",),
      "algo._target_=tests.parts_for_tests.OneProcessPPO does not learn on the data-parallel ranks of strategy=ddp"),
 ])

@@ -26,6 +26,7 @@ from rltrain.llm.vllm.slots import VLLMSlotsSync
 from rltrain.llm.vllm.transfer import VLLMTransferSync
 from rltrain.validate import validate
 from tests.conftest import ROOT, make_config, run_cli, without_package
+from tests.test_distributed import run_dirs, torchrun
 from tests.test_grpo import ONE_TOKEN
 from tests.test_llm_runs import SHORT
 from tests.test_outputs import read_jsonl
@@ -253,6 +254,23 @@ def learns_one_push_behind(run_dir, *overrides: str, engine: tuple[str, ...] = V
     assert summary["sync"]["pushes"] == 150 and summary["sync"]["max_lag"] == 1  # one push behind, no more
     # the learner has moved on from the sampler (the engine's numerics alone differ by ~1e-6)
     assert max(row["grpo/tis/ratio_max"] for row in rows) > 1.01
+
+
+def test_grpo_on_two_ddp_ranks_generates_with_an_engine_per_rank_holding_its_learners_weights(tmp_path,
+                                                                                               monkeypatch):
+    tag = str(tmp_path)
+    monkeypatch.setenv("RLTRAIN_TEST_TAG", tag)
+    result = torchrun("strategy=ddp", *SHORT, *VLLM, cwd=tmp_path, nproc=2, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [run_dir] = run_dirs(tmp_path)
+    summary, rows = json.loads((run_dir / "summary.json").read_text()), read_jsonl(run_dir / "metrics.jsonl")
+    assert summary["status"] == "completed" and summary["frames"] == 256 and summary["sync"]["pushes"] == 8
+    # every batch sampled by each rank's engine with the weights its learner held, a new version after each
+    # update (the largest ratio of any rank's tokens: the engine's numerics alone differ by ~1e-6)
+    assert all(abs(row["grpo/tis/ratio_max"] - 1) < 1e-3 for row in rows), [r["grpo/tis/ratio_max"] for r in rows]
+    assert [row["sync/version"] for row in rows] == list(range(1, 9)) and summary["sync"]["max_lag"] == 0
+    assert "learner rank 1 of 2" in (run_dir / "ranks" / "1.log").read_text()
+    assert not _left_behind(tag)  # both engines stopped with their ranks
 
 
 def test_a_run_stopped_by_sigterm_stops_its_engine_and_resumes_as_if_never_stopped(tmp_path):

@@ -73,6 +73,7 @@ class VLLMEngine(Engine):
 
     WEIGHTS = ("snapshot", "push")
     GENERATES_AHEAD = True
+    LEARNER_RANKS = True  # strategy=ddp: an engine per rank, on that rank's GPU (engine.gpu=null), fed by its pushes
 
     def __init__(
         self,
