@@ -177,6 +177,8 @@ class Restore:
         if not self.saved:
             return
         saved = self._part(COLLECTOR_KEY)
+        if saved is None and getattr(collector, "JOB_STATE", False):  # the same on every rank: rank 0's
+            saved = self.saved[COLLECTOR_KEY]
         if saved is None:
             log.info("resume: the collector's envs start fresh episodes (their state was not saved)")
             return

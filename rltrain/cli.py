@@ -278,4 +278,7 @@ def main() -> None:
         if isinstance(e.code, str):
             print(e.code, file=sys.stderr)
         code = e.code if isinstance(e.code, int) else 0 if e.code is None else EXIT_FAILED
+    except BaseException:  # noqa: BLE001  (HYDRA_FULL_ERROR=1 raises the run's error: shown as Python would)
+        traceback.print_exc()
+        code = 128 + signal.SIGINT if isinstance(sys.exc_info()[1], KeyboardInterrupt) else EXIT_FAILED
     process_groups.exit_without_teardown(code)

@@ -60,7 +60,9 @@ class Collector(Protocol):
     only a sync scheme that ``REACHES_OTHER_RANKS`` can feed it); ``TASKS``, whether it collects from a
     language task (prompts) with a generation engine (``engine=``) instead of from gymnasium envs;
     ``RANK_SPLIT``, the config keys besides ``collector.frames_per_batch`` that a data-parallel learner
-    (``strategy=ddp``) divides among its ranks, each rank collecting its share (None: it cannot be split).
+    (``strategy=ddp``) divides among its ranks, each rank collecting its share (None: it cannot be split);
+    ``JOB_STATE``, whether its state is the whole job's, the same on every rank (a rank that a checkpoint
+    has no state for, resuming with more ranks, then loads rank 0's).
     """
 
     BATCH_ENVS: tuple[str, ...] = ()
@@ -68,6 +70,7 @@ class Collector(Protocol):
     ON_OTHER_RANKS = False
     TASKS = False
     RANK_SPLIT: tuple[str, ...] | None = None
+    JOB_STATE = False
 
     max_lag: int | None = None  # the trainer drops batches with frames more versions old than this
 

@@ -104,6 +104,29 @@ def test_each_ddp_rank_generates_its_share_of_the_prompts_one_process_would_with
     assert [c.state_dict()["task"] for c in ranks] == [one.state_dict()["task"]] * 2  # the job's position
 
 
+def test_a_one_process_grpo_checkpoint_resumes_on_two_ranks_with_the_prompts_it_would_take_next(tmp_path):
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
+
+    def collector(strategy, frames_per_batch: int) -> GenerationCollector:
+        return GenerationCollector(ReverseDigits(seed=0), _Recording(model.load(), model.tokenizer()), model,
+                                   Rewards(ReverseDigits.REWARDS), seed=5, frames_per_batch=frames_per_batch,
+                                   group_size=4, max_new_tokens=1, strategy=strategy)
+
+    one = collector(Single(), 32)
+    one.collect()
+    saved = one.state_dict()
+    ahead = one.collect()  # as if generated ahead (engine=vllm, collector.max_lag=1) when the checkpoint was taken
+    with_ahead = {**one.state_dict(), "ready": ahead}
+    one.collect()
+    for state, batch in ((saved, 1), (with_ahead, 1)):  # the batch ahead is generated again, split over the ranks
+        ranks = [collector(_Rank(r, 2), 16) for r in (0, 1)]
+        for rank in ranks:  # rank 1 has no part of a 1-process checkpoint: it takes rank 0's (the job's)
+            checkpoint.Restore({checkpoint.COLLECTOR_KEY: state, checkpoint.RANKS_KEY: []}, rank=rank.rank).collector(
+                rank)
+            rank.collect()
+        assert [p for c in ranks for p in c.engine.asked[0][0]] == one.engine.asked[batch][0]
+
+
 def test_grpo_on_two_ddp_ranks_learns_the_single_token_task_as_one_process_does(tmp_path):
     # tests/test_grpo.py's run on one process: rewards from chance to above 0.8 (sampled), 0.9 (greedy eval)
     result = torchrun(*DDP, *ONE_TOKEN, cwd=tmp_path, nproc=2, timeout=600)

@@ -128,7 +128,7 @@ def test_a_reward_that_hangs_is_bounded_and_a_sigterm_meanwhile_ends_the_run(tmp
     # Kept after the two batches trained (64 rewards), with the failed third batch given back to the task.
     assert [p.name for p in checkpoint.listing(tmp_path / "run")] == [checkpoint.path_for(tmp_path, 64).name]
     saved = checkpoint.load(checkpoint.listing(tmp_path / "run")[0])
-    assert saved["collector"] == {"task": {"position": 16}, "seed": 1, "batches": 2}
+    assert saved["collector"] == {"task": {"position": 16}, "seed": 1, "batches": 2, "ranks": 1}
 
 
 def test_the_eval_rows_columns_are_checked_against_the_rewards_before_training(tmp_path):

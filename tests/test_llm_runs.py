@@ -37,7 +37,7 @@ def test_a_run_ends_like_every_run_with_a_model_dir_transformers_loads(tmp_path)
                 "eval/reward/correct", "time/collect"):
         assert key in row, key
     saved = checkpoint.load(checkpoint.listing(run)[-1])
-    assert saved["collector"] == {"task": {"position": 64}, "seed": 1, "batches": 8}  # 8 batches of 8 prompts
+    assert saved["collector"] == {"task": {"position": 64}, "seed": 1, "batches": 8, "ranks": 1}  # 8 batches of 8
     model = AutoModelForCausalLM.from_pretrained(run / "model")
     learner = saved["algo"]["policy"]
     assert all(torch.equal(t, learner[name]) for name, t in model.state_dict().items())

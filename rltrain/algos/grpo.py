@@ -176,8 +176,16 @@ class GRPO:
         self._set_lr()
         self.frames += batch.numel() * self.strategy.size  # the whole job's completions: the schedule is global
         flat = batch.reshape(-1).to(self.device)
-        if not bool(torch.isfinite(flat["log_prob"]).all()):
-            raise NonFiniteError(f"the engine's log-probs of this batch (weights version "
+        mask = flat["completion_mask"].float()
+        if self.mask_truncated:
+            mask = mask * (~flat["truncated"]).float().unsqueeze(1)
+        tokens, nonfinite = mask.sum(), (~torch.isfinite(flat["log_prob"])).any().float()
+        if self.strategy.size > 1:  # one collective for both: every rank then fails alike, or none does
+            tokens, nonfinite = self.strategy.sum(torch.stack([tokens, nonfinite]))
+            tokens = tokens / self.strategy.size  # the ranks' gradients are averaged: the mean tokens of a rank
+        if nonfinite:
+            where = " (on one of the learner ranks)" if self.strategy.size > 1 else ""
+            raise NonFiniteError(f"the engine's log-probs of this batch{where} (weights version "
                                  f"{int(flat['policy_version'].min())}) hold NaN or infinity: its forward pass "
                                  "overflowed (model.dtype=float16 does; use float32) or its weights are "
                                  "not finite; lower algo.lr if the weights grew")
@@ -186,12 +194,9 @@ class GRPO:
         temperature, max_new_tokens = float(flat["temperature"].max()), int(flat["max_new_tokens"].max())
         rewards = flat["reward"]
         advantages, flat_groups = group_advantages(rewards, group_size, scale=self.scale_rewards)
-        mask = flat["completion_mask"].float()
-        if self.mask_truncated:
-            mask = mask * (~flat["truncated"]).float().unsqueeze(1)
         norm = Normalizer.of(mask, max_new_tokens)
-        if self.strategy.size > 1:  # the ranks' gradients are averaged: each divides by the mean tokens of a rank
-            norm = dataclasses.replace(norm, tokens=float(self.strategy.mean(mask.sum())) or 1.0)
+        if self.strategy.size > 1:
+            norm = dataclasses.replace(norm, tokens=float(tokens) or 1.0)
         ref = self._reference_logprobs(flat, group_size, temperature) if self.kl_coef else None
         self.policy.train()
         # With a cap: the learner's log-probs before this update's step. The first pass's are those (its
@@ -262,7 +267,7 @@ class GRPO:
         every rank's completions. The rest are means over equal shares already (or the same on every rank)."""
         summed = SUMMED_OVER_RANKS  # every key on every rank (0 where a rank has none): one collective's shape
         local = torch.tensor([metrics.get(k, 0.0) for k in summed], dtype=torch.float64)
-        total = self.strategy.sum(local if tis is None else torch.cat([local, tis[0]]))
+        total = self.strategy.sum(local if tis is None else torch.cat([local, tis[0].cpu()]))
         metrics.update((k, v) for k, v in zip(summed, total[:len(summed)].tolist()) if k in metrics)
         top = self.strategy.max([metrics["grpo/ratio_max"], -math.inf if tis is None else tis[1]])
         metrics["grpo/ratio_max"] = top[0]

@@ -50,6 +50,7 @@ class GenerationCollector(Collector):
 
     BATCH_ENVS = ("collector.group_size",)  # frames_per_batch must be a multiple of it
     RANK_SPLIT = ()  # data-parallel: each rank's frames_per_batch is its share, whole groups of its own prompts
+    JOB_STATE = True  # its state (the task's position, batches drawn) is the job's: a rank without one takes rank 0's
     IN_LEARNER_PROCESS = True
     TASKS = True
     # Keys this collector had before the engine became a part of its own (engine=): the key that replaced each.
@@ -154,7 +155,7 @@ class GenerationCollector(Collector):
                 self._ready = self._finish()
             except Exception as e:  # noqa: BLE001  (given back to the task: the state below stays whole)
                 self._failed = e  # the next collect() raises it: the run fails as it would have there
-        state = {"task": self.task.state_dict(), "seed": self.seed, "batches": self.batches}
+        state = {"task": self.task.state_dict(), "seed": self.seed, "batches": self.batches, "ranks": self.ranks}
         return state if self._ready is None else {**state, "ready": self._ready}
 
     def load_state_dict(self, state: dict) -> None:
@@ -162,7 +163,13 @@ class GenerationCollector(Collector):
             raise ValueError("cannot restore the task with a batch generated ahead of it")
         self.task.load_state_dict(state["task"])
         self.seed, self.batches = int(state["seed"]), int(state["batches"])
-        ready = state.get("ready")
+        ready, ranks = state.get("ready"), state.get("ranks", 1)
+        if ready is not None and ranks != self.ranks:
+            # a share generated ahead for another number of ranks: its batch's prompts go back to the task, to be
+            # generated again as this job splits them (every rank gives back the same prompts)
+            self.task.position -= ready.shape[0] * ranks
+            self.batches -= 1
+            ready = None
         if ready is not None and "temperature" not in ready.keys():
             # saved before batches said how they were sampled: with this collector's settings, as they were then
             shape = ready.shape

@@ -39,7 +39,7 @@ class Strategy:
     def wrap(self, module: nn.Module, method: str = "forward") -> Callable:
         """``module.method`` as the update calls it; data-parallel: through a wrapper whose backward pass
         averages the gradients of ``module``'s parameters over the ranks."""
-        return getattr(module, method)
+        return module if method == "forward" else getattr(module, method)  # (forward: through its hooks)
 
     def accumulating(self, wrapped: Callable) -> contextlib.AbstractContextManager:
         """Around backward passes whose gradients only accumulate (every micro-batch of a step but the

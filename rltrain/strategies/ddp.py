@@ -73,7 +73,8 @@ class _Method(nn.Module):
         self.module, self.method = module, method
 
     def forward(self, *args, **kwargs):
-        return getattr(self.module, self.method)(*args, **kwargs)
+        call = self.module if self.method == "forward" else getattr(self.module, self.method)
+        return call(*args, **kwargs)
 
 
 class DDP(Strategy):
