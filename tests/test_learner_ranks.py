@@ -3,6 +3,7 @@ jobs of 2 processes, each rank collecting and learning on its share of every bat
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -86,13 +87,16 @@ class _Recording(TransformersEngine):
         super().submit(prompts, group_size, sampling, seed)
 
 
+def _reverse_digits(model: LanguageModel, strategy, frames_per_batch: int) -> GenerationCollector:
+    """A collector of the task reverse_digits (seed 0) for rank ``strategy.rank``, recording what it asks for."""
+    return GenerationCollector(ReverseDigits(seed=0), _Recording(model.load(), model.tokenizer()), model,
+                               Rewards(ReverseDigits.REWARDS), seed=5, frames_per_batch=frames_per_batch, group_size=4,
+                               max_new_tokens=1, strategy=strategy)
+
+
 def test_each_ddp_rank_generates_its_share_of_the_prompts_one_process_would_with_seeds_of_its_own(tmp_path):
     model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
-
-    def collector(strategy, frames_per_batch: int) -> GenerationCollector:
-        return GenerationCollector(ReverseDigits(seed=0), _Recording(model.load(), model.tokenizer()), model,
-                                   Rewards(ReverseDigits.REWARDS), seed=5, frames_per_batch=frames_per_batch,
-                                   group_size=4, max_new_tokens=1, strategy=strategy)
+    collector = functools.partial(_reverse_digits, model)
 
     one, ranks = collector(Single(), 32), [collector(_Rank(r, 2), 16) for r in (0, 1)]  # 8 prompts: 4 a rank
     for c in (one, *ranks):
@@ -106,11 +110,7 @@ def test_each_ddp_rank_generates_its_share_of_the_prompts_one_process_would_with
 
 def test_a_one_process_grpo_checkpoint_resumes_on_two_ranks_with_the_prompts_it_would_take_next(tmp_path):
     model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")))
-
-    def collector(strategy, frames_per_batch: int) -> GenerationCollector:
-        return GenerationCollector(ReverseDigits(seed=0), _Recording(model.load(), model.tokenizer()), model,
-                                   Rewards(ReverseDigits.REWARDS), seed=5, frames_per_batch=frames_per_batch,
-                                   group_size=4, max_new_tokens=1, strategy=strategy)
+    collector = functools.partial(_reverse_digits, model)
 
     one = collector(Single(), 32)
     one.collect()
