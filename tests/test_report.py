@@ -86,12 +86,15 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def copy_as_live_run(run_dir: Path, to: Path) -> list[dict]:
-    """``run_dir`` as if it were still going: no summary.json, half its metrics rows and half a line,
-    and the run.lock a live run holds (naming this process). Returns the rows it kept."""
+    """``run_dir`` as if it were still going: no summary.json, half its metrics rows (at least up to its
+    first evaluation: rows are logged by the wall clock, so on a busy machine the first half may end before
+    it) and half a line, and the run.lock a live run holds (naming this process). Returns the rows it kept."""
     shutil.copytree(run_dir, to)
     (to / "summary.json").unlink()
     lines = (to / "metrics.jsonl").read_text().splitlines()
-    kept = lines[:len(lines) // 2]
+    first_eval = next(i for i, line in enumerate(lines) if json.loads(line).get("eval/return") is not None)
+    kept = lines[:max(len(lines) // 2, first_eval + 1)]
+    assert len(kept) < len(lines), "the run's first evaluation is its last row: nothing left to be writing"
     (to / "metrics.jsonl").write_text("\n".join(kept) + "\n" + lines[len(kept)][:40])
     (to / "run.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": "now"}))
     return [json.loads(line) for line in kept]

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -246,6 +247,10 @@ def test_a_server_serves_one_run_at_a_time_and_names_the_run_holding_it(server, 
     validate(check)  # released when it closed
     # a holder that dies without releasing it (a SIGKILLed learner) frees it at once
     learner_process = subprocess.Popen(["sleep", "600"])
+    for _ in range(500):  # its /proc cmdline reads empty until it has exec'd sleep
+        if Path(f"/proc/{learner_process.pid}/cmdline").read_bytes():
+            break
+        time.sleep(0.01)
     try:
         assert _rpc(url, "rltrain_claim", json.dumps(holder(learner_process.pid))) == {"leased": False}
         with pytest.raises(ConfigError, match=rf"in use by another run \(`sleep 600`, pid {learner_process.pid} on "):
