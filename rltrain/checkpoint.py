@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from rltrain.errors import CheckpointError, CollectorError, NonFiniteError, RunError
-from rltrain.sync.base import named_weights
+from rltrain.sync.base import assign, named_weights
 
 if TYPE_CHECKING:
     from rltrain.hooks.base import Hook
@@ -80,11 +80,15 @@ _NAME = re.compile(r"^frames_(\d+)\.pt$")
 
 def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector_state: dict | None,
             sender: WeightSender, loggers: Sequence[Logger], config: dict,
-            replay_buffer: bool = True, ranks: list[dict] | None = None) -> dict[str, Any]:
+            replay_buffer: bool = True, ranks: list[dict] | None = None,
+            algo_state: dict | None = None) -> dict[str, Any]:
     """Everything a run needs to go on as if it had never stopped (the keys listed above), the collector's
     state as ``collector.state_dict()`` gave it (None: left out; a resumed run's envs start fresh episodes),
-    and the other ranks' ``PER_RANK`` parts (``rank_part``) of a data-parallel learner."""
-    algo_state, published = algo.state_dict(replay_buffer=replay_buffer), sender.published()
+    the other ranks' ``PER_RANK`` parts (``rank_part``) of a data-parallel learner, and the algo's state where
+    the caller has it already (a sharded learner's, which every rank took part in)."""
+    if algo_state is None:
+        algo_state = algo.state_dict(replay_buffer=replay_buffer)
+    published = sender.published()
     # Weights and optimizer state: the replay buffer holds what the envs returned (checked as it
     # arrives), and an interrupted update may hold the NaN losses of steps algo.nonfinite=skip skipped.
     check_finite({k: v for k, v in algo_state.items() if k not in ("replay_buffer", "pending")}, ALGO_KEY)
@@ -166,7 +170,7 @@ class Restore:
         with torch.no_grad():
             live = {name: tensor.clone() for name, tensor in weights.items()}
             for name, tensor in weights.items():
-                tensor.copy_(published[name])
+                assign(tensor, published[name])
             sender = scheme.sender(policy, version=self.version)  # copies what it publishes
             for name, tensor in weights.items():  # the learner's own weights again
                 tensor.copy_(live[name])

@@ -214,7 +214,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         seed = share.seed + restore.frames  # a resumed run's collection does not replay the first frames' draws
         engine = None
         if task is not None:
-            engine = _build_engine(cfg.engine, scheme, sender, model, make_policy, device, seed, run_dir)
+            engine = _build_engine(cfg.engine, scheme, sender, model, make_policy, policy, device, seed, run_dir)
             cleanup.callback(engine.close)
         # Collectors build their own policy copies; weights reach them only through the sync scheme.
         # Envs a checkpoint cannot restore start fresh episodes, reseeded so as not to replay the first ones.
@@ -232,7 +232,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
                            run_dir=run_dir, algo=algo, collector=collector, config=resolved, hooks=hooks, task=task,
                            model=model, rewards=rewards, strategy=strategy)
         hooks.update((name, _instantiate_with(node, **hook_args)) for name, node in (cfg.get("hooks") or {}).items()
-                     if strategy.is_main or getattr(get_class(node._target_), "ALL_RANKS", False))
+                     if strategy.is_main or _on_every_rank(get_class(node._target_), strategy))
 
         trainer_args = OmegaConf.to_container(cfg.trainer, resolve=True)  # the trainer's keys are its arguments
         if trainer_args.get("stop_at_return") == "auto":
@@ -247,6 +247,12 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
     log.info("run dir %s | %s on %s | %s collector | device %s%s%s", run_dir, type(algo).__name__, env_spec.id,
              type(collector).__name__, device, ranks, resumed)
     return trainer
+
+
+def _on_every_rank(hook: type, strategy: Strategy) -> bool:
+    """Whether a hook of class ``hook`` runs on every rank of a data-parallel learner, not on rank 0 alone: it
+    says so (``ALL_RANKS``), or it runs the learner's model, which a sharded learner runs on every rank at once."""
+    return getattr(hook, "ALL_RANKS", False) or (strategy.SHARDED and getattr(hook, "RUNS_LEARNER", False))
 
 
 def serve_rank(cfg: DictConfig) -> None:
@@ -350,17 +356,21 @@ def _env_and_policy(cfg: DictConfig, task: Task | None = None,
     return make_env, env_spec, plain_partial(cfg.algo.network, **runtime("algo.network", env_spec=env_spec))
 
 
-def _build_engine(node: DictConfig, scheme: WeightSyncScheme, sender: WeightSender, model, make_policy,
+def _build_engine(node: DictConfig, scheme: WeightSyncScheme, sender: WeightSender, model, make_policy, learner,
                   device: torch.device, seed: int, run_dir: Path):
     """The generation engine of ``node`` (``engine=``), fed by a receiver of ``scheme``: the engine binds the
     receiver to what it generates with; a scheme that pushes into the engine (``DELIVERS: push``) has its
     sender connected to the engine's ``transfer_client()``, which also pushes the current weights. An
-    engine that asks for ``policy`` gets a copy of the learner's model on ``device``."""
+    engine that asks for ``policy`` gets a copy of the learner's model on ``device``; one that asks for
+    ``learner``, the learner's model itself."""
     receiver = scheme.receiver()
     objects = {"model": model, "tokenizer": model.tokenizer(), "receiver": receiver, "device": device, "seed": seed,
                "run_dir": run_dir}
-    if "policy" in inspect.signature(get_class(node._target_)).parameters:
+    asks = inspect.signature(get_class(node._target_)).parameters
+    if "policy" in asks:
         objects["policy"] = make_policy().to(device)
+    if "learner" in asks:
+        objects["learner"] = learner
     try:
         engine = _instantiate_with(node, **runtime("engine", **objects))
     except BaseException:

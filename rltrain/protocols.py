@@ -27,7 +27,9 @@ class Algo(Protocol):
     ``strategy`` and routes its backward passes and global statistics through it), as the names of its
     keys that are global sizes each rank takes its share of (None: one process only); ``RANK_STATE``, the
     keys of its ``state_dict`` that differ between data-parallel ranks (a replay buffer of the rank's own
-    frames), which checkpoints keep per rank.
+    frames), which checkpoints keep per rank; ``SHARDS``, whether its model can be sharded over the ranks
+    (``strategy=fsdp``: it makes its optimizer after ``strategy.wrap``, and takes its state dicts through the
+    strategy).
     """
 
     ACTION_SPACES = ("discrete", "box")
@@ -35,6 +37,7 @@ class Algo(Protocol):
     NEEDS_PUSHES: str | None = None
     DATA_PARALLEL: tuple[str, ...] | None = None
     RANK_STATE: tuple[str, ...] = ()
+    SHARDS = False
 
     def update(self, batch: TensorDict | None, should_stop: Callable[[], bool]) -> dict[str, float] | None:
         """Learn from ``batch``; None if ``should_stop()`` interrupted it between two gradient steps

@@ -293,6 +293,10 @@ def _check_learner_ranks(cfg: DictConfig, parts: dict[str, tuple[type, dict]], s
     if algo_keys is None:
         raise ConfigError(f"{_label('algo', algo)} does not learn on the data-parallel ranks of {name}; use "
                           "strategy=single (one learner process)")
+    if capability(strategy, Strategy, "SHARDED") and not capability(algo, Algo, "SHARDS"):
+        raise ConfigError(f"{_label('algo', algo)} does not shard its networks over the ranks of {name}, which is for "
+                          "a model too large for one device (algo=grpo's); use strategy=ddp, where every rank holds "
+                          "the whole networks")
     split = capability(collector, Collector, "RANK_SPLIT")
     if split is None:
         raise ConfigError(f"{_label('collector', collector)} cannot be split over the ranks of {name}, each of "

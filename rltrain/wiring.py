@@ -31,7 +31,7 @@ RUNTIME_ARGS = {
     "env": ("seed",),
     "algo": ("policy", "total_frames", "device", "strategy", *ENV_TO_ALGO),
     "algo.network": ("env_spec",),
-    "engine": ("model", "tokenizer", "receiver", "policy", "device", "seed", "run_dir"),
+    "engine": ("model", "tokenizer", "receiver", "policy", "learner", "device", "seed", "run_dir"),
     "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender", "task", "engine", "model",
                   "rewards", "device", "strategy"),
     "logger": ("run_dir", "config", "resume"),

@@ -1,7 +1,7 @@
 """One update on a fixed global batch, as the learner-rank tests run it: ``python -m tests.ranks_for_tests
-OUT [grpo MODEL_DIR]`` in one process, or under torchrun on N data-parallel ranks (``strategy=ddp``), each
-rank on its share: PPO's env columns, or GRPO's prompts (whole groups). The weights after the update and its
-metrics (averaged over the ranks, as the trainer does) go to OUT."""
+OUT [grpo MODEL_DIR [fsdp]]`` in one process, or under torchrun on N data-parallel ranks (``strategy=ddp``, or
+``strategy=fsdp`` with ``fsdp``), each rank on its share: PPO's env columns, or GRPO's prompts (whole groups).
+The weights after the update and its metrics (averaged over the ranks, as the trainer does) go to OUT."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from rltrain.llm.model import LanguageModel
 from rltrain.llm.rewards import Rewards, correct_answer, length_penalty
 from rltrain.llm.tasks import ReverseDigits
 from rltrain.process_groups import exit_without_teardown
-from rltrain.strategies import DDP, Single
+from rltrain.strategies import DDP, FSDP, Single
 
 STEPS, ENVS = 16, 8
 
@@ -56,8 +56,9 @@ def grpo(strategy, model_dir: str):
     return policy, algo, batch[strategy.rank * share:(strategy.rank + 1) * share]
 
 
-def main(out: str, algo_name: str = "ppo", model_dir: str = "") -> None:
-    strategy = DDP(timeout_s=60) if "WORLD_SIZE" in __import__("os").environ else Single()
+def main(out: str, algo_name: str = "ppo", model_dir: str = "", strategy_name: str = "ddp") -> None:
+    strategy = ({"ddp": DDP, "fsdp": FSDP}[strategy_name](timeout_s=60) if "WORLD_SIZE" in __import__("os").environ
+                else Single())
     if algo_name == "grpo":
         policy, algo, batch = grpo(strategy, model_dir)
         finish(strategy, policy, algo.update(batch), out)
@@ -75,8 +76,9 @@ def main(out: str, algo_name: str = "ppo", model_dir: str = "") -> None:
 
 def finish(strategy, policy, metrics: dict, out: str) -> None:
     metrics = {k: sum(m[k] for m in strategy.gather(metrics)) / strategy.size for k in metrics}
+    weights = strategy.weights(policy)  # (sharded: gathered whole on rank 0)
     if strategy.is_main:
-        torch.save({"weights": policy.state_dict(), "metrics": metrics}, out)
+        torch.save({"weights": weights, "metrics": metrics}, out)
     strategy.close()
     if strategy.size > 1:  # as rltrain's own ranks end (its cli): see process_groups.exit_without_teardown
         exit_without_teardown(0)

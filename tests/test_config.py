@@ -33,7 +33,8 @@ def test_every_group_choice_composes_and_builds(group, choice, tmp_path):
              ("env", "reverse"): LANGUAGE, ("collector", "generation"): LANGUAGE, ("hooks", "llm"): LANGUAGE,
              ("model", "tiny"): LANGUAGE, ("sync", "vllm"): [*LANGUAGE, "engine=vllm"],
              ("sync", "vllm_transfer"): [*LANGUAGE, "engine=vllm"], ("engine", "transformers"): LANGUAGE,
-             ("engine", "vllm"): LANGUAGE, ("engine", "vllm_server"): [*LANGUAGE, "engine.url=http://127.0.0.1:9"],
+             ("engine", "vllm"): LANGUAGE, ("engine", "learner"): LANGUAGE,
+             ("sync", "in_place"): [*LANGUAGE, "engine=learner"], ("engine", "vllm_server"): [*LANGUAGE, "engine.url=http://127.0.0.1:9"],
              ("env", "dataset"): [*LANGUAGE, f"env.path={DATA / 'sums.jsonl'}", "env.prompt_key=question"],
              }.get((group, choice), [])
     cfg = make_config(f"{group}={choice}", "trainer.total_frames=512", *extra)
@@ -171,7 +172,7 @@ def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
     for line in ["algo: grpo, ppo, sac", "collector: async, distributed, generation, local, lockstep", "model: tiny",
-                 "sync: distributed, none, pipe, shared_mem",
+                 "sync: distributed, in_place, none, pipe, shared_mem",
                  "logger: console, csv, tensorboard, wandb"]:
         assert line in result.stdout
     assert "env: " in result.stdout and "cartpole" in result.stdout

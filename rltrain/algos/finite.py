@@ -95,8 +95,10 @@ def _steps_taken(optimizer: torch.optim.Optimizer) -> int:
 
 
 def nonfinite_weights(module: torch.nn.Module) -> list[str]:
-    """The names of ``module``'s parameters that hold a NaN or an infinity (one host sync for all)."""
-    named = [(name, p) for name, p in module.named_parameters() if p.requires_grad]
+    """The names of ``module``'s parameters that hold a NaN or an infinity (one host sync for all). A sharded
+    module's (DTensor parameters): in this rank's shards."""
+    named = [(name, p.to_local() if hasattr(p, "to_local") else p) for name, p in module.named_parameters()
+             if p.requires_grad]
     if not named:
         return []
     finite = torch.stack([torch.isfinite(p).all() for _, p in named]).tolist()

@@ -105,6 +105,7 @@ class GRPO:
     # With strategy=ddp each rank updates on its share of the prompts (whole groups: the collector's); no size of
     # its own is global (micro_batch_size is what one forward pass holds, on each rank).
     DATA_PARALLEL = ()
+    SHARDS = True  # strategy=fsdp: the model sharded over the ranks, one decoder layer at a time
     NEEDS_PUSHES = ("GRPO's ratios (or tis_cap's weights) compare the learner with the weights that sampled; "
                     "without pushes the engine keeps its first weights and they drift until every token is clipped "
                     "or truncated")
@@ -158,10 +159,12 @@ class GRPO:
         # The KL's reference: the initial model, frozen. A model with LoRA adapters has it already (the
         # adapters turned off: no copy); any other is copied once.
         self._adapters_off = policy.disable_adapter if kl_coef and hasattr(policy, "disable_adapter") else None
-        self.reference = (copy.deepcopy(policy).eval().requires_grad_(False)
+        self.reference = (strategy.frozen(copy.deepcopy(policy).eval().requires_grad_(False))
                           if kl_coef and self._adapters_off is None else None)
+        # Data-parallel: its backward pass averages the ranks' gradients; sharded: the parameters become this
+        # rank's shards, so they are taken (and the optimizer made) after.
+        self._forward = strategy.wrap(policy)
         self._params = [p for p in policy.parameters() if p.requires_grad]  # LoRA: the adapters only
-        self._forward = strategy.wrap(policy)  # (data-parallel: its backward pass averages the ranks' gradients)
         # Fused: it skips a step the guard flags, and computes each step in float32 whatever the weights' dtype
         # (its moments stay in that dtype; the unfused AdamW turns float16 weights into NaN at the first step:
         # its eps underflows to 0).
@@ -234,13 +237,16 @@ class GRPO:
                     sums["ratio_max"] = max(sums["ratio_max"], (ratio * kept).max().item())
                     if ref is not None:
                         sums["kl"] += (kl_k3(logp, ref[rows]) * kept).sum().item() / norm.tokens
-            grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
+            grad_norm = self.strategy.whole(torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm))
             self.guard.check("grpo", epoch_loss, grad_norm=grad_norm)  # a NaN/inf one: the step is skipped
             sums["grad_norm"] += float(grad_norm)
             self.optimizer.step()
         self.policy.eval()
         skipped = self.guard.report()  # raises for skipped steps, unless nonfinite=skip
-        if bad := nonfinite_weights(self.policy):  # finite loss and gradients, yet a step made them NaN/inf
+        bad = nonfinite_weights(self.policy)  # finite loss and gradients, yet a step made them NaN/inf
+        if self.strategy.SHARDED:  # each rank checked its shards: every rank fails alike, or none does
+            bad = sorted({name for names in self.strategy.gather(bad) for name in names})
+        if bad:
             raise NonFiniteError(f"the optimizer step made {len(bad)} weight tensor(s) NaN or infinite ({bad[0]}"
                                  f"{f' and {len(bad) - 1} more' if len(bad) > 1 else ''}), with a finite loss "
                                  f"and gradients; nothing with them is checkpointed. Weights of dtype "
@@ -306,17 +312,20 @@ class GRPO:
     def state_dict(self, replay_buffer: bool = True) -> dict:
         """The weights, the optimizer, the schedule's position, the frozen reference (if any) and the
         count of skipped steps."""
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(), "frames": self.frames,
-                "reference": self.reference.state_dict() if self.reference is not None else None,
-                "nonfinite": self.guard.state_dict()}
+        strategy = self.strategy  # (sharded: every rank takes part, and rank 0 has the whole state)
+        return {"policy": strategy.weights(self.policy),
+                "optimizer": strategy.optimizer_state(self.policy, self.optimizer),
+                "frames": self.frames, "nonfinite": self.guard.state_dict(),
+                "reference": strategy.weights(self.reference) if self.reference is not None else None}
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(state["policy"])
-        optimizers.load_adam(self.optimizer, state["optimizer"])  # stays fused, as the guard needs
+        self.policy.load_state_dict(self.strategy.shard_weights(self.policy, state["policy"]))
+        # stays fused, as the guard needs
+        optimizers.load_adam(self.optimizer, self.strategy.shard_optimizer_state(self.optimizer, state["optimizer"]))
         self.frames = state["frames"]
         self.guard.load_state_dict(state.get("nonfinite"))  # None in a checkpoint written before the guard
         if self.reference is not None and state["reference"] is not None:
-            self.reference.load_state_dict(state["reference"])
+            self.reference.load_state_dict(self.strategy.shard_weights(self.reference, state["reference"]))
 
 
 # Metrics of a data-parallel learner that add up over its ranks (the trainer averages the rest).

@@ -86,6 +86,9 @@ class Hook:
     # With a data-parallel learner (strategy=ddp), whether the hook runs on every rank (it feeds the rank's own
     # collector, or each rank has a part in what it does) or on rank 0 only (logging, evaluating, saving).
     ALL_RANKS = False
+    # Whether it runs the learner's model (evaluating or saving it): a sharded learner's (strategy=fsdp) forward
+    # passes and state dicts are collectives of all ranks, so there it runs on every rank (rank 0 records).
+    RUNS_LEARNER = False
 
     def __init__(self, every: Every = EVERY_UPDATE, at_end: Flag = False):
         self.schedule = Schedule(every)

@@ -85,7 +85,9 @@ class CheckpointHook(Hook):
         """The checkpoint of ``state`` with ``collector_state`` (None: the collector's is left out); its path
         on the rank that writes it."""
         t0 = time.perf_counter()
-        ranks = None
+        ranks, algo_state = None, None
+        if self.strategy.SHARDED:  # every rank gives its shards (gathered whole on rank 0)
+            algo_state = self.algo.state_dict(replay_buffer=self.replay_buffer)
         if self.strategy.PARALLEL:
             mine = {} if self.strategy.is_main else checkpoint.rank_part(self.algo, self.replay_buffer)
             parts = self.strategy.gather_to_main({**mine, checkpoint.COLLECTOR_KEY: collector_state})
@@ -95,7 +97,7 @@ class CheckpointHook(Hook):
         path = checkpoint.path_for(self.run_dir, state.frames)
         checkpoint.save(path, checkpoint.capture(state, self.hooks, self.algo, collector_state, self.sender,
                                                  self.loggers, self.config, replay_buffer=self.replay_buffer,
-                                                 ranks=ranks))
+                                                 ranks=ranks, algo_state=algo_state))
         checkpoint.prune(self.run_dir, self.keep_last)
         log.info("checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6, time.perf_counter() - t0)
         return path

@@ -29,6 +29,7 @@ class GenerationEvalHook(Evaluation):
     mean: ``correct`` is the accuracy), ``eval/completion_length`` and ``eval/truncated``.
     """
 
+    RUNS_LEARNER = True  # strategy=fsdp: every rank completes the same prompts with its shards, rank 0 records
     # Keys this hook had while it copied the collector's: it reads them from the collector now.
     MOVED_KEYS = {"max_new_tokens": "is now collector.max_new_tokens (the eval hook completes as the collector does)",
                   "stop": "is now collector.stop (the eval hook completes as the collector does)"}

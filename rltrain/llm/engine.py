@@ -231,3 +231,16 @@ class TransformersEngine(Engine):
                 if any(s in self.tokenizer.decode(row[:n]) for s in stop):
                     return n, False
         return end, eos not in row[:end]
+
+
+class LearnerEngine(TransformersEngine):
+    """``engine=learner``: transformers' ``generate`` on the learner's own model, in the learner's process. No
+    copy is made and no weights move (``sync=in_place``): every batch is generated with the newest weights.
+    With ``strategy=fsdp`` it generates through the sharded model, gathering one decoder layer at a time, so
+    that no rank ever holds the whole model; every rank generates its share of the prompts in step (transformers
+    keeps the ranks' generation loops together until the longest has ended)."""
+
+    WEIGHTS = ("learner",)
+
+    def __init__(self, learner, tokenizer, receiver: WeightReceiver | None = None):
+        super().__init__(learner, tokenizer, receiver)

@@ -22,9 +22,13 @@ class Strategy:
     each on its share of the global batch (``SPLITS``: the shares of a collector's keys).
 
     Capabilities: ``PARALLEL``, whether the learner spans several processes (the config check then
-    asks for torchrun and for a collector and algorithm that can be split, ``DATA_PARALLEL``)."""
+    asks for torchrun and for a collector and algorithm that can be split, ``DATA_PARALLEL``);
+    ``SHARDED``, whether each rank holds only a shard of the weights (every forward pass, state dict and
+    weight push is then a collective of all ranks: the algorithm must say it ``SHARDS``, and the hooks that
+    run the learner's model run on every rank)."""
 
     PARALLEL = False
+    SHARDED = False
     rank, size = 0, 1
 
     @property
@@ -40,6 +44,33 @@ class Strategy:
         """``module.method`` as the update calls it; data-parallel: through a wrapper whose backward pass
         averages the gradients of ``module``'s parameters over the ranks."""
         return module if method == "forward" else getattr(module, method)  # (forward: through its hooks)
+
+    def frozen(self, module: nn.Module) -> nn.Module:
+        """A module the update only runs forward (a frozen reference), held as the learner's weights are."""
+        return module
+
+    def weights(self, module: nn.Module) -> dict:
+        """``module``'s state dict, whole (what a checkpoint holds); sharded: on rank 0, empty on the others
+        (every rank takes part)."""
+        return module.state_dict()
+
+    def optimizer_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        """The state dict of ``optimizer`` (over ``module``'s trained parameters), whole and in the one-process
+        format (numbered as its parameters); sharded: as ``weights``."""
+        return optimizer.state_dict()
+
+    def shard_weights(self, module: nn.Module, weights: dict) -> dict:
+        """``weights`` (a ``weights`` result, written by any number of ranks) as ``module.load_state_dict`` on
+        this rank takes it (sharded: this rank's shards)."""
+        return weights
+
+    def shard_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> dict:
+        """``state`` (an ``optimizer_state`` result) as ``optimizer.load_state_dict`` on this rank takes it."""
+        return state
+
+    def whole(self, x: torch.Tensor) -> torch.Tensor:
+        """``x`` as one tensor (sharded: a sharded or replicated result, such as a gradient norm, gathered)."""
+        return x
 
     def accumulating(self, wrapped: Callable) -> contextlib.AbstractContextManager:
         """Around backward passes whose gradients only accumulate (every micro-batch of a step but the

@@ -19,6 +19,7 @@ from typing import Annotated
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from rltrain.errors import SyncError
 from rltrain.rules import Integer
@@ -149,6 +150,15 @@ def named_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
     return weights
 
 
+def assign(tensor: torch.Tensor, whole: torch.Tensor) -> None:
+    """Copy ``whole`` into ``tensor``: a weight of the policy, or a sharded learner's (a DTensor: its shard of
+    ``whole``, which every rank holds)."""
+    if isinstance(tensor, DTensor):
+        whole = distribute_tensor(whole.to(tensor.device, tensor.dtype), tensor.device_mesh, tensor.placements,
+                                  src_data_rank=None)
+    tensor.copy_(whole)
+
+
 def on_gpu(policy: nn.Module) -> bool:
     """Whether the policy's weights live on a GPU (a CUDA learner)."""
     return any(t.is_cuda for t in named_weights(policy).values())
@@ -217,6 +227,10 @@ class FlatBuffer:
     def copy_from(self, weights: dict[str, torch.Tensor], names: list[str] | None = None) -> None:
         names = list(self.views) if names is None else names
         sources = [weights[n] for n in names]
+        if any(isinstance(t, DTensor) for t in sources):  # a sharded learner's: every rank gathers, in this order,
+            for name, t in zip(names, sources):          # one tensor at a time (its collectives done before a send)
+                self.copy_from({name: t.full_tensor() if isinstance(t, DTensor) else t}, [name])
+            return
         if sources and sources[0].is_cuda:
             self._copy_from_gpu(names, sources)
             return

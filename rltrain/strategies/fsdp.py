@@ -1,0 +1,152 @@
+"""``strategy=fsdp``: one learner on every rank of a torchrun job, its weights, gradients and optimizer
+state sharded over the ranks by torch's FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+A language model is sharded one decoder layer at a time (the classes its ``_no_split_modules`` names),
+then the root (the embeddings and the head): a forward pass gathers one layer's weights at a time and
+frees them after it, and the backward pass reduce-scatters each layer's gradients, so that a rank holds
+its shard of everything and one layer whole at a time. The data-parallel rest is ``strategy=ddp``'s: each
+rank collects its share of the batch, and the global statistics go through the same collectives.
+
+What reads whole weights gathers them, on every rank at once, in the same order: the state dicts
+(``weights`` and ``optimizer_state``, for checkpoints and ``save_model``: whole on rank 0, empty on the
+others), a weight push (each tensor gathered as the push copies it), the gradient norm (``whole``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+)
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from rltrain.errors import ConfigError
+from rltrain.rules import Flag, PositiveNumber
+from rltrain.strategies.ddp import DDP
+
+_WHOLE_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def shard_units(module: nn.Module) -> list[nn.Module]:
+    """The submodules sharded one by one before the root: a transformers model's decoder layers (the classes
+    its ``_no_split_modules`` names, which must stay whole), in order; none for any other module."""
+    base = module.get_base_model() if hasattr(module, "get_base_model") else module  # under LoRA's peft model
+    names = set(getattr(base, "_no_split_modules", None) or ())
+    return [m for m in module.modules() if m is not module and type(m).__name__ in names]
+
+
+class FSDP(DDP):
+    """Sharded data-parallel learners, one per rank of the torchrun job (``algo=grpo``: see the config check)."""
+
+    SHARDED = True
+
+    @classmethod
+    def check_config(cls, values: dict, config: dict) -> None:
+        """As ``strategy=ddp``, and ``cpu_offload`` only for a learner on a GPU."""
+        super().check_config(values, config)
+        if values.get("cpu_offload") and not (config.get("device") in ("cuda", "auto") and torch.cuda.is_available()):
+            raise ConfigError("strategy.cpu_offload=true keeps a GPU learner's shards and Adam's state in host memory, "
+                              "and this learner runs on the CPU already (device=cpu, or no GPU here); leave "
+                              "strategy.cpu_offload=false")
+
+    def __init__(self, timeout_s: PositiveNumber = 600.0,  # bound of every wait on the other ranks (a collective)
+                 cpu_offload: Flag = False,  # a GPU learner's shards, gradients and Adam's state in host memory
+                 reshard_after_forward: Flag = True):  # free each layer's gathered weights after its forward pass
+        super().__init__(timeout_s)
+        self.cpu_offload, self.reshard_after_forward = cpu_offload, reshard_after_forward
+
+    def device(self, requested: torch.device) -> torch.device:
+        device = super().device(requested)
+        if device.type == "cpu":
+            _return_freed_blocks()
+        return device
+
+    def wrap(self, module: nn.Module, method: str = "forward") -> Callable:
+        """Shard ``module`` in place (its parameters become this rank's shards, as DTensors: an optimizer is made
+        after this) and return it: its own forward pass gathers and frees the weights, layer by layer."""
+        if method != "forward":
+            raise ValueError(f"strategy=fsdp shards a module called through its forward pass, not {method}")
+        self._shard(module)
+        return module
+
+    def frozen(self, module: nn.Module) -> nn.Module:
+        self._shard(module)
+        return module
+
+    def _shard(self, module: nn.Module) -> None:
+        if id(module) in self._wrapped:
+            raise ValueError(f"{type(module).__name__} is sharded already: shard each module once")
+        self._wrapped.add(id(module))
+        options = {"reshard_after_forward": self.reshard_after_forward}
+        if self.cpu_offload:
+            options["offload_policy"] = CPUOffloadPolicy()
+        for unit in shard_units(module):
+            fully_shard(unit, **options)
+        fully_shard(module, **options)
+
+    def accumulating(self, wrapped: Callable):
+        # Every backward pass reduce-scatters its gradients, which accumulate as shards: no rank ever holds a
+        # whole gradient (skipping the reduction would keep each layer's whole gradient until the last pass).
+        return contextlib.nullcontext()
+
+    def weights(self, module: nn.Module) -> dict:
+        return get_model_state_dict(module, options=_WHOLE_ON_RANK_0)
+
+    def optimizer_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        state = get_optimizer_state_dict(module, optimizer, options=_WHOLE_ON_RANK_0)
+        if not self.is_main:
+            return {}
+        # torch names the optimizer's tensors by parameter name; one process numbers them in the order of its
+        # param groups, which the parameters' names keep here (a checkpoint resumes on any number of ranks).
+        index = {name: i for i, name in enumerate(_trained_names(module))}
+        return {"state": {index[name]: s for name, s in state["state"].items()},
+                "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
+
+    def shard_weights(self, module: nn.Module, weights: dict) -> dict:
+        own = module.state_dict()
+        return {name: _like(own[name], tensor) if name in own else tensor for name, tensor in weights.items()}
+
+    def shard_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> dict:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        own = {i: {k: _like(params[i], v) if isinstance(v, torch.Tensor) and v.dim() else v for k, v in s.items()}
+               for i, s in state["state"].items()}
+        return {**state, "state": own}
+
+    def whole(self, x: torch.Tensor) -> torch.Tensor:
+        return x.full_tensor() if isinstance(x, DTensor) else x
+
+
+def _return_freed_blocks() -> None:
+    """A CPU learner's allocations of 64 KiB and more from their own mappings, given back to the system when
+    freed. Each forward and backward pass gathers a layer's weights whole and frees them after it; glibc's malloc
+    would keep that memory in its heap (its threshold for mapping grows with the blocks it has seen freed), and a
+    rank's resident memory would grow to what one process holds (measured in benchmarks/learner_ranks.py).
+    Where the C library is not glibc, nothing changes."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(_M_MMAP_THRESHOLD, 64 << 10)
+    except (OSError, AttributeError):
+        return
+
+
+def _trained_names(module: nn.Module) -> list[str]:
+    """The names of the parameters an optimizer made over ``module``'s trained ones holds, in its order."""
+    return [name for name, p in module.named_parameters() if p.requires_grad]
+
+
+def _like(shard: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
+    """``whole`` (the same on every rank) cut as ``shard`` is: this rank's part, with no communication."""
+    if not isinstance(shard, DTensor):
+        return whole
+    return distribute_tensor(whole.to(shard.device, shard.dtype), shard.device_mesh, shard.placements,
+                             src_data_rank=None)

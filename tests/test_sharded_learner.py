@@ -1,0 +1,126 @@
+"""A learner sharded over the ranks of a torchrun job (strategy=fsdp: torch's FSDP2), and the engine that
+generates with the learner's own model (engine=learner): real gloo groups on loopback, real torchrun jobs
+of 2 processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rltrain import checkpoint
+from rltrain.llm.tiny import write_tiny_model
+from tests.conftest import run_cli
+from tests.test_distributed import run_dirs, torchrun
+from tests.test_grpo import ONE_TOKEN
+from tests.test_learner_ranks import _update_on
+from tests.test_outputs import read_jsonl
+from tests.test_run_management import learning_rows, signal_at
+
+FSDP = ("strategy=fsdp", "engine=learner")
+GRPO_RUN = ("algo=grpo", "collector.max_new_tokens=1", "trainer.total_frames=2560", "seed=2", "~hooks.log.every",
+            "+hooks.log.every={batches:2}")
+
+
+def test_two_fsdp_ranks_make_grpos_update_of_one_process_on_the_same_groups(tmp_path):
+    # tests/ranks_for_tests.py: GRPO's update (2 epochs, TIS, a KL penalty to a sharded frozen reference,
+    # micro-batches) on 8 groups of the tiny model's completions; each rank holds half of every weight and
+    # takes 4 groups.
+    model_dir = write_tiny_model(tmp_path / "tiny")
+    one, two = (_update_on(tmp_path / f"{n}.pt", n, "grpo", str(model_dir), "fsdp") for n in (1, 2))
+    # Not bitwise, as with strategy=ddp: each rank sums its half of the tokens and the reduce-scatter averages
+    # the halves (float32 sums in another order, ~1e-8 in the gradients, magnified by Adam's first steps).
+    assert one["weights"].keys() == two["weights"].keys()  # gathered whole: every name, every shape
+    for name, weight in one["weights"].items():
+        torch.testing.assert_close(two["weights"][name], weight, rtol=0, atol=2e-5, msg=name)
+    assert one["metrics"]["reward/std"] > 0 and one["metrics"]["grpo/clip_fraction"] > 0  # something to compare
+    for key, value in one["metrics"].items():
+        if not key.startswith("perf/"):
+            assert two["metrics"][key] == pytest.approx(value, rel=1e-4, abs=1e-7), key
+
+
+def test_grpo_on_two_fsdp_ranks_learns_the_single_token_task_as_one_process_does(tmp_path):
+    # tests/test_grpo.py's run on one process: rewards from chance to above 0.8 (sampled), 0.9 (greedy eval);
+    # here each rank generates its share through the sharded model and evaluates with it
+    result = torchrun(*FSDP, *ONE_TOKEN, cwd=tmp_path, nproc=2, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [run_dir] = run_dirs(tmp_path)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    rows = read_jsonl(run_dir / "metrics.jsonl")
+    assert summary["status"] == "completed" and summary["frames"] == 19200 and summary["updates"] == 150
+    assert rows[0]["reward/mean"] < 0.2, rows[0]
+    assert rows[-1]["reward/mean"] > 0.8 and summary["train_return"] > 0.8, rows[-1]
+    assert summary["eval_return"] > 0.9 and rows[-1]["eval/reward/correct"] > 0.9
+    # engine=learner: every batch generated with the weights of the update before it (no lag, nothing pushed)
+    assert all(r["sync/lag"] == 0 for r in rows) and rows[-1]["grpo/tis/ratio_mean"] == pytest.approx(1, abs=1e-5)
+    # rank 0 writes the whole model once, gathered from the shards: transformers loads it
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(run_dir / "model")
+    assert sum(p.numel() for p in model.parameters()) > 50_000
+
+
+def test_a_grpo_fsdp_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_path):
+    full = torchrun(*FSDP, *GRPO_RUN, "hydra.run.dir=outputs/full", cwd=tmp_path, nproc=2)
+    assert full.returncode == 0, full.stderr
+    torchrun(*FSDP, *GRPO_RUN, *signal_at(1280), "hydra.run.dir=outputs/split", cwd=tmp_path, nproc=2)
+    split = tmp_path / "outputs/split"
+    assert json.loads((split / "summary.json").read_text())["status"] == "interrupted"
+    [saved] = checkpoint.listing(split)  # one file, the whole state gathered on rank 0
+    assert checkpoint.load(saved)[checkpoint.ALGO_KEY]["optimizer"]["param_groups"][0]["params"][:2] == [0, 1]
+    resumed = torchrun(*FSDP, *GRPO_RUN, f"resume={split}", "hydra.run.dir=outputs/resume", cwd=tmp_path, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr
+    # the weights and Adam's state go back into each rank's shards: every row as the uninterrupted run's
+    assert learning_rows(split) == learning_rows(tmp_path / "outputs/full")
+    assert [r["reward/mean"] for r in learning_rows(split)][-1] > 0
+
+
+def test_an_fsdp_checkpoint_resumes_on_one_process_and_back_on_two_ranks(tmp_path):
+    run = (*GRPO_RUN[:-3], "hydra.run.dir=outputs/run")
+    two = torchrun(*FSDP, *run, "trainer.total_frames=1280", cwd=tmp_path, nproc=2)
+    assert two.returncode == 0, two.stderr
+    one = run_cli(*run, "engine=learner", "resume=outputs/run", "trainer.total_frames=2560", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    assert "resumed at 1,280 frames" in one.stdout + one.stderr
+    again = torchrun(*FSDP, *run, "resume=outputs/run", "trainer.total_frames=3840", cwd=tmp_path, nproc=2)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
+    assert summary["status"] == "completed" and summary["frames"] == 3840 and summary["updates"] == 30
+    rows = learning_rows(tmp_path / "outputs/run")
+    assert rows[-1]["reward/mean"] > rows[0]["reward/mean"]  # it went on learning across the three
+
+
+def test_pushes_from_fsdp_ranks_give_each_ranks_engine_copy_the_learners_weights(tmp_path):
+    # engine=transformers: a whole copy per rank, fed by shared-memory pushes gathered from the shards. The
+    # engine's log-probs are then the learner's own: the TIS ratio is 1 on every token of every batch.
+    result = torchrun("strategy=fsdp", *GRPO_RUN, "trainer.total_frames=1280", "~hooks.log.every",
+                      "+hooks.log.every={batches:1}", cwd=tmp_path, nproc=2)
+    assert result.returncode == 0, result.stderr
+    [run_dir] = run_dirs(tmp_path)
+    rows = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "grpo/tis/ratio_max" in r]
+    assert len(rows) == 10 and rows[-1]["sync/version"] == 10
+    for row in rows:
+        assert row["grpo/tis/ratio_max"] == pytest.approx(1, abs=1e-5), row
+        assert row["grpo/tis/ratio_mean"] == pytest.approx(1, abs=1e-6), row
+
+
+@pytest.mark.parametrize("args, says", [
+    ((), "algo=ppo does not shard its networks over the ranks of strategy=fsdp"),
+    (("algo=grpo", "strategy.cpu_offload=true", "device=cpu"),
+     "strategy.cpu_offload=true keeps a GPU learner's shards"),
+])
+def test_what_cannot_run_sharded_is_refused_in_one_line(args, says, tmp_path):
+    result = torchrun("strategy=fsdp", *args, cwd=tmp_path, nproc=2, timeout=120)
+    assert result.returncode != 0 and says in result.stderr, result.stderr[-3000:]
+    assert not run_dirs(tmp_path)
+
+
+def test_engine_learner_generates_each_batch_with_the_learners_newest_weights_in_one_process(tmp_path):
+    result = run_cli(*GRPO_RUN, "engine=learner", "hydra.run.dir=outputs/run", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    rows = learning_rows(tmp_path / "outputs/run")
+    assert all(r["sync/lag"] == 0 for r in rows)
+    assert all(r["grpo/tis/ratio_max"] == pytest.approx(1, abs=1e-5) for r in rows)  # the learner's own log-probs
+    summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
+    assert summary["status"] == "completed" and rows[-1]["reward/mean"] > rows[0]["reward/mean"]
