@@ -47,6 +47,7 @@ class SavePretrainedHook(Hook):
                                            tokenizer.save_pretrained(d)))
         if self.model.lora_rank:
             _write_whole(self.path.with_name(f"{self.path.name}-adapter"), policy.save_pretrained)
+        log.info("model: %s (transformers' from_pretrained loads it)", self.path)
 
     def _whole_policy(self):
         """The learner's model, whole (a sharded learner's: gathered into a copy on rank 0; None on the others)."""
@@ -58,7 +59,6 @@ class SavePretrainedHook(Hook):
         policy = self.model.load()
         policy.load_state_dict(weights)
         return policy
-        log.info("model: %s (transformers' from_pretrained loads it)", self.path)
 
 
 def _write_whole(path: Path, write) -> None:
