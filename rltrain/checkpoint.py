@@ -3,7 +3,10 @@ side by side), and how the files are written and found.
 
 A checkpoint is one ``torch.save`` file, ``<run_dir>/checkpoints/frames_<N>.pt``, holding plain
 tensors and Python values (it loads with ``weights_only=True``), under the keys named below
-(``*_KEY``), in format ``FORMAT``:
+(``*_KEY``), in format ``FORMAT``. A sharded learner's (``strategy=fsdp``) is a directory,
+``frames_<N>.dcp``: every rank writes its shards of the algorithm's trained modules and their optimizers
+there with torch.distributed.checkpoint (``rltrain.sharded_checkpoint``), and rank 0 the rest, the same keys
+as a file's, in ``state.pt``. Either is written under a temporary name and renamed: complete or absent.
 
 - ``trainer``: the ``TrainState``'s records (progress, episodes, sync, evals, nonfinite), the
   pending metric window and the phase timings, each under its field name;
@@ -19,7 +22,9 @@ tensors and Python values (it loads with ``weights_only=True``), under the keys 
 - ``config``: the resolved config that wrote it (``resume=auto`` matches on it);
 - ``ranks``: with a data-parallel learner (``strategy=ddp``), the ``collector``, ``rng`` and the algo's
   ``RANK_STATE`` keys (under ``algo``: a replay buffer) of ranks 1, 2, ... in order (rank 0's are the keys
-  above; the rest of the state is the same on every rank).
+  above; the rest of the state is the same on every rank);
+- ``sharded``: the names of the algo's trained parts (``Algo.trained_parts``) that a sharded checkpoint holds
+  beside ``state.pt``, and that ``algo`` then leaves out (None: a one-file checkpoint).
 
 A checkpoint of an older format is upgraded as it is loaded, one ``MIGRATIONS`` step per format
 (the file itself is left as it is). Files are written to a temporary name and renamed, so a crash
@@ -45,6 +50,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from rltrain import sharded_checkpoint
+from rltrain.algos.finite import nonfinite_weights
 from rltrain.errors import CheckpointError, CollectorError, NonFiniteError, RunError
 from rltrain.sync.base import assign, named_weights
 
@@ -53,12 +60,13 @@ if TYPE_CHECKING:
     from rltrain.loggers import Logger
     from rltrain.protocols import Algo, Collector
     from rltrain.state import TrainState
+    from rltrain.strategies import Strategy
     from rltrain.sync import WeightSender, WeightSyncScheme
     from rltrain.trainer import Trainer
 
 log = logging.getLogger("rltrain")
 
-FORMAT = 2  # bumped with each change to what a checkpoint holds, with a step in MIGRATIONS
+FORMAT = 3  # bumped with each change to what a checkpoint holds, with a step in MIGRATIONS
 FORMAT_KEY = "format"
 FRAMES_KEY = "frames"
 ALGO_CLASS_KEY = "algo_class"
@@ -71,21 +79,25 @@ LOGGERS_KEY = "loggers"
 RNG_KEY = "rng"
 CONFIG_KEY = "config"
 RANKS_KEY = "ranks"
+SHARDED_KEY = "sharded"
 PER_RANK = (COLLECTOR_KEY, RNG_KEY, ALGO_KEY)  # what differs between the ranks of a data-parallel learner
 
 DIRNAME = "checkpoints"
 CONFIG_FILE = "config.json"  # the writing run's config, next to its checkpoints (for resume=auto)
-_NAME = re.compile(r"^frames_(\d+)\.pt$")
+STATE_FILE = "state.pt"  # in a sharded checkpoint's directory: all but the trained parts
+SHARDED_SUFFIX = ".dcp"
+_NAME = re.compile(r"^frames_(\d+)\.(pt|dcp)$")
 
 
 def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector_state: dict | None,
             sender: WeightSender, loggers: Sequence[Logger], config: dict,
             replay_buffer: bool = True, ranks: list[dict] | None = None,
-            algo_state: dict | None = None) -> dict[str, Any]:
+            algo_state: dict | None = None, sharded: list[str] | None = None) -> dict[str, Any]:
     """Everything a run needs to go on as if it had never stopped (the keys listed above), the collector's
     state as ``collector.state_dict()`` gave it (None: left out; a resumed run's envs start fresh episodes),
     the other ranks' ``PER_RANK`` parts (``rank_part``) of a data-parallel learner, and the algo's state where
-    the caller has it already (a sharded learner's, which every rank took part in)."""
+    the caller has it already (a sharded learner's: all but its trained parts, named by ``sharded``, which
+    ``save_sharded`` writes)."""
     if algo_state is None:
         algo_state = algo.state_dict(replay_buffer=replay_buffer)
     published = sender.published()
@@ -106,6 +118,7 @@ def capture(state: TrainState, hooks: Mapping[str, Hook], algo: Algo, collector_
         RNG_KEY: rng_state(),
         CONFIG_KEY: config,
         RANKS_KEY: ranks,
+        SHARDED_KEY: sharded,
     }
 
 
@@ -143,8 +156,10 @@ class Restore:
     def version(self) -> int:
         return self.saved[TRAINER_KEY]["sync"]["version"] if self.saved else 0
 
-    def algo(self, algo: Algo, config: dict) -> None:
-        """Load the algo's state after checking it fits (same algorithm, same tensor shapes)."""
+    def algo(self, algo: Algo, config: dict, sharded: bool = False) -> None:
+        """Load the algo's state after checking it fits (same algorithm, same tensor shapes). From a sharded
+        checkpoint, its trained parts come from their shards (``sharded``: this learner's ranks read them
+        together)."""
         if not self.saved:
             return
         saved, path = self.saved, self.path
@@ -153,7 +168,13 @@ class Restore:
             raise CheckpointError(f"{path} holds a {saved[ALGO_CLASS_KEY]} run; this config builds "
                                   f"{type(algo).__name__}. Resume with algo={algo_option}, or start a new run")
         state = {**saved[ALGO_KEY], **(self._part(ALGO_KEY) or {})}  # another rank's own keys over rank 0's
-        check_compatible(state, algo.state_dict(), ALGO_KEY)
+        if saved[SHARDED_KEY]:
+            trained = algo.trained_parts()
+            sharded_checkpoint.read(path, sharded_checkpoint.parts_of({k: trained[k] for k in saved[SHARDED_KEY]}),
+                                    sharded)
+            check_compatible(state, algo.state_dict(parts=False), ALGO_KEY)
+        else:
+            check_compatible(state, algo.state_dict(), ALGO_KEY)
         algo.load_state_dict(state)
         changes = config_changes(saved[CONFIG_KEY], config)
         log.info("resuming from %s (%d frames)%s", path, saved[FRAMES_KEY],
@@ -220,8 +241,43 @@ def _class_path(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-def path_for(run_dir: Path, frames: int) -> Path:
-    return Path(run_dir) / DIRNAME / f"frames_{frames:012d}.pt"
+def path_for(run_dir: Path, frames: int, sharded: bool = False) -> Path:
+    return Path(run_dir) / DIRNAME / f"frames_{frames:012d}{SHARDED_SUFFIX if sharded else '.pt'}"
+
+
+def save_sharded(path: Path, parts: dict[str, sharded_checkpoint.Part], rest: Callable[[], dict] | None,
+                 strategy: Strategy) -> None:
+    """A sharded learner's checkpoint, the directory ``path``: every rank writes its shards of ``parts``, and
+    rank 0 the rest of the checkpoint (``rest()``, a ``capture``; None on the other ranks) as ``STATE_FILE``,
+    all in a temporary directory renamed once everything is on disk. Weights or a state holding NaN or inf
+    are refused on every rank alike, before anything is written."""
+    tmp = path.with_name(path.name + ".tmp")
+    problem, whole = None, None
+    if strategy.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)  # a write that a crash cut short
+        try:
+            whole = rest()
+        except NonFiniteError as e:
+            problem = str(e)
+    if problem is None and (bad := [f"{name}.{w}" for name, part in parts.items() for w in
+                                    nonfinite_weights(part.module)]):
+        problem = f"NaN or inf in the weights {', '.join(bad[:3])}: the checkpoint is not written"
+    problems = [p for p in strategy.gather(problem) if p]  # (also: nobody writes before the stale dir is gone)
+    if problems:
+        raise NonFiniteError(problems[0])
+    sharded_checkpoint.write(tmp, parts)
+    if not strategy.is_main:
+        return
+    save(tmp / STATE_FILE, whole)
+    if path.exists():  # the same frames written again (a run that a signal stopped right after a checkpoint)
+        shutil.rmtree(path)
+    os.replace(tmp, path)
+    _sync_dir(path.parent)
+
+
+def size(path: Path) -> int:
+    """A checkpoint's bytes on disk (a sharded one's: all its files)."""
+    return sum(f.stat().st_size for f in path.iterdir()) if path.is_dir() else path.stat().st_size
 
 
 def save(path: Path, checkpoint: dict[str, Any]) -> None:
@@ -242,14 +298,19 @@ def save(path: Path, checkpoint: dict[str, Any]) -> None:
         if full is None:
             raise
         free = shutil.disk_usage(path.parent).free
-        kept = listing(path.parent.parent)  # the failed write replaced none of them
+        kept = listing(_run_dir_of(path))  # the failed write replaced none of them
         previous = (f"the previous checkpoint {kept[-1].name} is intact (resume={path.parent.parent} continues from "
                     "it)" if kept else "no earlier checkpoint of this run was written")
         raise RunError(f"{os.strerror(full.errno).lower()} for checkpoint {path}: {free / 1e6:,.1f} MB free on "
                        f"its filesystem, and the checkpoint needs more; {previous}. Free some space there") from e
-    dir_fd = os.open(path.parent, os.O_RDONLY)
+    _sync_dir(path.parent)
+
+
+def _sync_dir(folder: Path) -> None:
+    """A rename in ``folder`` made durable: it survives a power cut."""
+    dir_fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
+        os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
 
@@ -282,7 +343,15 @@ def listing(run_dir: Path) -> list[Path]:
 
 def prune(run_dir: Path, keep_last: int) -> None:
     for old in listing(run_dir)[:-keep_last]:
-        old.unlink(missing_ok=True)
+        if old.is_dir():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+
+
+def _run_dir_of(path: Path) -> Path:
+    """The run dir of a checkpoint's path, or of a file inside a sharded checkpoint."""
+    return path.parent.parent if path.parent.name == DIRNAME else path.parent.parent.parent
 
 
 def find(resume: str | None, config: dict, runs_root: Path) -> Path | None:
@@ -294,7 +363,7 @@ def find(resume: str | None, config: dict, runs_root: Path) -> Path | None:
     if resume == "auto":
         return _find_same_config(config, runs_root)
     path = Path(resume).expanduser()
-    if path.is_file():
+    if path.is_file() or (path.is_dir() and _NAME.match(path.name)):
         return path
     if not path.exists():
         raise CheckpointError(f"resume={resume}: no such file or directory; give a run dir (outputs/DATE/TIME), "
@@ -342,13 +411,15 @@ def _comparable(config: dict) -> dict:
 
 
 def load(path: Path) -> dict[str, Any]:
-    """Read a checkpoint (tensors to the CPU); a clear CheckpointError if it is not a readable one."""
+    """Read a checkpoint (tensors to the CPU; a sharded one's ``STATE_FILE``: its parts load into the algo);
+    a clear CheckpointError if it is not a readable one."""
+    file = path / STATE_FILE if path.is_dir() else path
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+        checkpoint = torch.load(file, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001  (truncated, corrupt, or not a torch file at all)
         older = [p.name for p in listing(path.parent.parent) if _frames(p) < _frames(path)]
         hint = f"; older checkpoints beside it: {', '.join(older)} (resume=<that file>)" if older else ""
-        raise CheckpointError(f"{path} is not a readable checkpoint: {_damage(path, e)}{hint}") from None
+        raise CheckpointError(f"{path} is not a readable checkpoint: {_damage(file, e)}{hint}") from None
     if not isinstance(checkpoint, dict) or not isinstance(fmt := checkpoint.get(FORMAT_KEY), int) or fmt < 1:
         raise CheckpointError(f"{path} is not an rltrain checkpoint (format {FORMAT})")
     if fmt > FORMAT:
@@ -399,8 +470,13 @@ def _from_format_1(saved: dict[str, Any]) -> dict[str, Any]:
             LOGGERS_KEY: saved.get(LOGGERS_KEY, {})}
 
 
+def _from_format_2(saved: dict[str, Any]) -> dict[str, Any]:
+    """Format 2 -> 3: sharded checkpoints came; every file of format 2 is one whole checkpoint."""
+    return {**saved, SHARDED_KEY: None}
+
+
 # Format N -> N + 1, one function each: the only place that knows older formats.
-MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_format_1}
+MIGRATIONS: dict[int, Callable[[dict[str, Any]], dict[str, Any]]] = {1: _from_format_1, 2: _from_format_2}
 
 
 def _damage(path: Path, e: Exception) -> str:

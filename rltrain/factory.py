@@ -202,7 +202,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         algo = _construct(without(cfg.algo, WIRING_KEYS["algo"]), **runtime(
             "algo", policy=policy, device=device, total_frames=cfg.trainer.total_frames, **reward_scaling,
             **algo_args))
-        restore.algo(algo, resolved)
+        restore.algo(algo, resolved, sharded=strategy.SHARDED)
         if strategy.rank:  # each rank samples its own actions (rank 0 as one process would)
             _seed_everything(share.seed + 7919 * strategy.rank)
         scheme = _construct(cfg.sync)

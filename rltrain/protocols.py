@@ -28,8 +28,9 @@ class Algo(Protocol):
     keys that are global sizes each rank takes its share of (None: one process only); ``RANK_STATE``, the
     keys of its ``state_dict`` that differ between data-parallel ranks (a replay buffer of the rank's own
     frames), which checkpoints keep per rank; ``SHARDS``, whether its model can be sharded over the ranks
-    (``strategy=fsdp``: it makes its optimizer after ``strategy.wrap``, and takes its state dicts through the
-    strategy).
+    (``strategy=fsdp``: it makes its optimizer after ``strategy.wrap``, takes its state dicts through the
+    strategy, and has ``trained_parts()``, the modules and optimizers a sharded checkpoint writes rank by rank,
+    which ``state_dict(parts=False)`` leaves out).
     """
 
     ACTION_SPACES = ("discrete", "box")

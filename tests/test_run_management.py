@@ -172,14 +172,15 @@ FORMAT_1_RUNS = {
 
 
 @pytest.mark.parametrize("algo", FORMAT_1_RUNS)
-def test_a_format_1_checkpoint_is_upgraded_in_one_step_and_its_run_resumes(algo, tmp_path, monkeypatch):
+def test_a_format_1_checkpoint_is_upgraded_step_by_step_and_its_run_resumes(algo, tmp_path, monkeypatch):
     name, run, frames = FORMAT_1_RUNS[algo]
     old = torch.load(FORMAT_1 / name, weights_only=True)
-    assert old["format"] == 1 and checkpoint.FORMAT == 2
-    steps, from_format_1 = [], checkpoint.MIGRATIONS[1]
-    monkeypatch.setitem(checkpoint.MIGRATIONS, 1, lambda saved: steps.append(1) or from_format_1(saved))
+    assert old["format"] == 1 and checkpoint.FORMAT == 3
+    steps = []
+    for fmt, migrate in list(checkpoint.MIGRATIONS.items()):
+        monkeypatch.setitem(checkpoint.MIGRATIONS, fmt, lambda saved, f=fmt, m=migrate: steps.append(f) or m(saved))
     saved = checkpoint.load(FORMAT_1 / name)
-    assert steps == [1] and saved["format"] == 2
+    assert steps == [1, 2] and saved["format"] == 3 and saved["sharded"] is None  # one file, whole
     flat = old["trainer"]
     assert saved["trainer"]["progress"] == {"frames": frames, "batches": flat["batches"], "updates": flat["updates"],
                                             "solved_at_frames": None, "mid_update_frames": 0}
@@ -204,7 +205,7 @@ def test_a_format_1_checkpoint_is_upgraded_in_one_step_and_its_run_resumes(algo,
     assert summary["status"] == "completed" and summary["frames"] == frames * 3 // 2
     assert summary["updates"] > flat["updates"] and summary["evaluations"] == 2
     assert summary["sync"]["pushes"] == summary["updates"]  # counted on from the saved pushes
-    assert torch.load(checkpoint.listing(tmp_path / "run")[-1], weights_only=True)["format"] == 2
+    assert torch.load(checkpoint.listing(tmp_path / "run")[-1], weights_only=True)["format"] == checkpoint.FORMAT
     assert (FORMAT_1 / name).read_bytes() == loose.read_bytes()  # upgraded as loaded, the file left as it was
 
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rltrain import checkpoint
-from rltrain.llm.tiny import write_tiny_model
+from rltrain.llm.tiny import tiny_model_dir, write_tiny_model
 from tests.conftest import run_cli
 from tests.test_distributed import run_dirs, torchrun
 from tests.test_grpo import ONE_TOKEN
@@ -67,8 +67,12 @@ def test_a_grpo_fsdp_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_pa
     torchrun(*FSDP, *GRPO_RUN, *signal_at(1280), "hydra.run.dir=outputs/split", cwd=tmp_path, nproc=2)
     split = tmp_path / "outputs/split"
     assert json.loads((split / "summary.json").read_text())["status"] == "interrupted"
-    [saved] = checkpoint.listing(split)  # one file, the whole state gathered on rank 0
-    assert checkpoint.load(saved)[checkpoint.ALGO_KEY]["optimizer"]["param_groups"][0]["params"][:2] == [0, 1]
+    # a directory: each rank's shards of the model and Adam's state (torch.distributed.checkpoint), and the rest
+    [saved] = checkpoint.listing(split)
+    assert saved.name == "frames_000000001280.dcp" and not list(saved.parent.glob("*.tmp"))
+    assert sorted(f.name for f in saved.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+    rest = checkpoint.load(saved)
+    assert rest["sharded"] == ["policy"] and "policy" not in rest["algo"] and rest["algo"]["frames"] == 1280
     resumed = torchrun(*FSDP, *GRPO_RUN, f"resume={split}", "hydra.run.dir=outputs/resume", cwd=tmp_path, nproc=2)
     assert resumed.returncode == 0, resumed.stderr
     # the weights and Adam's state go back into each rank's shards: every row as the uninterrupted run's
@@ -80,9 +84,25 @@ def test_an_fsdp_checkpoint_resumes_on_one_process_and_back_on_two_ranks(tmp_pat
     run = (*GRPO_RUN[:-3], "hydra.run.dir=outputs/run")
     two = torchrun(*FSDP, *run, "trainer.total_frames=1280", cwd=tmp_path, nproc=2)
     assert two.returncode == 0, two.stderr
+    [sharded] = checkpoint.listing(tmp_path / "outputs/run")
+    written = torch.load(sharded / "state.pt", weights_only=True)
+    # one process reads both ranks' shards whole (no process group): the weights exactly as they were trained
+    from transformers import AutoModelForCausalLM
+
+    from rltrain import sharded_checkpoint
+
+    final = AutoModelForCausalLM.from_pretrained(tmp_path / "outputs/run/model").state_dict()  # gathered at the end
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir())  # the run's initial weights
+    optimizer = torch.optim.AdamW(model.parameters(), fused=True)
+    sharded_checkpoint.read(sharded, sharded_checkpoint.parts_of({"policy": (model, optimizer)}), sharded=False)
+    loaded = model.state_dict()
+    assert loaded.keys() == final.keys() and all(torch.equal(loaded[k], final[k]) for k in final)
+    assert written["algo"]["frames"] == 1280 and all(s["step"] == 10 for s in optimizer.state.values())
     one = run_cli(*run, "engine=learner", "resume=outputs/run", "trainer.total_frames=2560", cwd=tmp_path)
     assert one.returncode == 0, one.stderr
     assert "resumed at 1,280 frames" in one.stdout + one.stderr
+    # one process writes one file; the ranks cut their shards from it
+    assert [p.name for p in checkpoint.listing(tmp_path / "outputs/run")][-1] == "frames_000000002560.pt"
     again = torchrun(*FSDP, *run, "resume=outputs/run", "trainer.total_frames=3840", cwd=tmp_path, nproc=2)
     assert again.returncode == 0, again.stderr
     summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
@@ -124,3 +144,23 @@ def test_engine_learner_generates_each_batch_with_the_learners_newest_weights_in
     assert all(r["grpo/tis/ratio_max"] == pytest.approx(1, abs=1e-5) for r in rows)  # the learner's own log-probs
     summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
     assert summary["status"] == "completed" and rows[-1]["reward/mean"] > rows[0]["reward/mean"]
+
+
+def test_a_sharded_checkpoint_that_does_not_fit_the_model_or_was_cut_short_is_refused_naming_why(tmp_path):
+    from rltrain import sharded_checkpoint
+    from rltrain.errors import CheckpointError
+    from rltrain.llm.tiny import make_model
+
+    folder = tmp_path / "frames_000000000128.dcp"
+    written = make_model(86)
+    sharded_checkpoint.write(folder, sharded_checkpoint.parts_of({"policy": (written, None)}))
+    same = make_model(86, seed=1)
+    sharded_checkpoint.read(folder, sharded_checkpoint.parts_of({"policy": (same, None)}), sharded=False)
+    assert all(torch.equal(a, b) for a, b in zip(same.state_dict().values(), written.state_dict().values()))
+    narrower = sharded_checkpoint.parts_of({"policy": (make_model(86, hidden_size=32), None)})
+    with pytest.raises(CheckpointError, match=r"does not fit this run's model: policy.weights.model.embed_tokens."
+                                              r"weight has shape \[86, 64\] there and \[86, 32\] here"):
+        sharded_checkpoint.read(folder, narrower, sharded=False)
+    (folder / ".metadata").unlink()  # the last file a write makes
+    with pytest.raises(CheckpointError, match="holds no complete sharded checkpoint"):
+        sharded_checkpoint.read(folder, sharded_checkpoint.parts_of({"policy": (same, None)}), sharded=False)

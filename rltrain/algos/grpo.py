@@ -309,23 +309,37 @@ class GRPO:
                      for s in range(0, flat.shape[0], self.micro_batch_size)]
         return torch.cat(parts)
 
-    def state_dict(self, replay_buffer: bool = True) -> dict:
+    def trained_parts(self) -> dict[str, tuple[torch.nn.Module, torch.optim.Optimizer | None]]:
+        """The modules a sharded checkpoint holds rank by rank, each with its optimizer: the policy, and the
+        frozen reference (if any)."""
+        parts = {"policy": (self.policy, self.optimizer)}
+        if self.reference is not None:
+            parts["reference"] = (self.reference, None)
+        return parts
+
+    def state_dict(self, replay_buffer: bool = True, parts: bool = True) -> dict:
         """The weights, the optimizer, the schedule's position, the frozen reference (if any) and the
-        count of skipped steps."""
-        strategy = self.strategy  # (sharded: every rank takes part, and rank 0 has the whole state)
-        return {"policy": strategy.weights(self.policy),
-                "optimizer": strategy.optimizer_state(self.policy, self.optimizer),
-                "frames": self.frames, "nonfinite": self.guard.state_dict(),
-                "reference": strategy.weights(self.reference) if self.reference is not None else None}
+        count of skipped steps; ``parts=False``: all but ``trained_parts`` (a sharded checkpoint's rest)."""
+        state = {"frames": self.frames, "nonfinite": self.guard.state_dict()}
+        if parts:
+            strategy = self.strategy  # (sharded: every rank takes part, and rank 0 has the whole state)
+            state.update(policy=strategy.weights(self.policy),
+                         optimizer=strategy.optimizer_state(self.policy, self.optimizer),
+                         reference=strategy.weights(self.reference) if self.reference is not None else None)
+        return state
 
     def load_state_dict(self, state: dict) -> None:
-        self.policy.load_state_dict(self.strategy.shard_weights(self.policy, state["policy"]))
-        # stays fused, as the guard needs
-        optimizers.load_adam(self.optimizer, self.strategy.shard_optimizer_state(self.optimizer, state["optimizer"]))
+        """``state_dict()``'s result; one with ``parts=False`` leaves the trained parts as they are (loaded from
+        their shards)."""
+        if "policy" in state:
+            self.policy.load_state_dict(self.strategy.shard_weights(self.policy, state["policy"]))
+            # stays fused, as the guard needs
+            optimizers.load_adam(self.optimizer,
+                                 self.strategy.shard_optimizer_state(self.optimizer, state["optimizer"]))
+            if self.reference is not None and state["reference"] is not None:
+                self.reference.load_state_dict(self.strategy.shard_weights(self.reference, state["reference"]))
         self.frames = state["frames"]
         self.guard.load_state_dict(state.get("nonfinite"))  # None in a checkpoint written before the guard
-        if self.reference is not None and state["reference"] is not None:
-            self.reference.load_state_dict(self.strategy.shard_weights(self.reference, state["reference"]))
 
 
 # Metrics of a data-parallel learner that add up over its ranks (the trainer averages the rest).

@@ -10,7 +10,7 @@ replayed as a CUDA graph alike, and loaded back from a checkpoint of any of thos
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -27,12 +27,12 @@ def adam(params: Iterable[torch.nn.Parameter], lr: float, device: torch.device, 
     return torch.optim.Adam(params, lr=lr, eps=eps, fused=True, capturable=graphed and device.type == "cuda")
 
 
-def load_adam(optimizer: torch.optim.Adam, state: dict) -> None:
-    """``optimizer.load_state_dict(state)``, keeping this run's options and lr tensor: a checkpoint
-    of an eager CPU run resumes into a CUDA-graph run and back."""
+def load_adam(optimizer: torch.optim.Adam, state: dict, load: Callable[[dict], None] | None = None) -> None:
+    """``optimizer.load_state_dict(state)`` (or ``load(state)``: another format's loader), keeping this run's
+    options and lr tensor: a checkpoint of an eager CPU run resumes into a CUDA-graph run and back."""
     groups = optimizer.param_groups
     kept = [{k: g[k] for k in (*RUN_OPTIONS, "lr") if k in g} for g in groups]
-    optimizer.load_state_dict(state)
+    (load or optimizer.load_state_dict)(state)
     for group, own in zip(optimizer.param_groups, kept):
         saved_lr = group["lr"]
         group.update(own)

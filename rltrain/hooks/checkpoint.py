@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 
-from rltrain import checkpoint
+from rltrain import checkpoint, sharded_checkpoint
 from rltrain.hooks.base import Every, Hook
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector
@@ -85,19 +85,27 @@ class CheckpointHook(Hook):
         """The checkpoint of ``state`` with ``collector_state`` (None: the collector's is left out); its path
         on the rank that writes it."""
         t0 = time.perf_counter()
-        ranks, algo_state = None, None
-        if self.strategy.SHARDED:  # every rank gives its shards (gathered whole on rank 0)
-            algo_state = self.algo.state_dict(replay_buffer=self.replay_buffer)
+        ranks = None
         if self.strategy.PARALLEL:
             mine = {} if self.strategy.is_main else checkpoint.rank_part(self.algo, self.replay_buffer)
-            parts = self.strategy.gather_to_main({**mine, checkpoint.COLLECTOR_KEY: collector_state})
-            if not self.strategy.is_main:
-                return None
-            ranks = parts[1:]
-        path = checkpoint.path_for(self.run_dir, state.frames)
-        checkpoint.save(path, checkpoint.capture(state, self.hooks, self.algo, collector_state, self.sender,
-                                                 self.loggers, self.config, replay_buffer=self.replay_buffer,
-                                                 ranks=ranks, algo_state=algo_state))
+            gathered = self.strategy.gather_to_main({**mine, checkpoint.COLLECTOR_KEY: collector_state})
+            ranks = gathered[1:] if self.strategy.is_main else None
+        path = checkpoint.path_for(self.run_dir, state.frames, sharded=self.strategy.SHARDED)
+
+        def capture(**sharded) -> dict:
+            return checkpoint.capture(state, self.hooks, self.algo, collector_state, self.sender, self.loggers,
+                                      self.config, replay_buffer=self.replay_buffer, ranks=ranks, **sharded)
+
+        if self.strategy.SHARDED:  # every rank writes its shards of the trained modules, rank 0 the rest
+            trained = self.algo.trained_parts()
+            rest = dict(algo_state=self.algo.state_dict(replay_buffer=self.replay_buffer, parts=False),
+                        sharded=list(trained))
+            checkpoint.save_sharded(path, sharded_checkpoint.parts_of(trained),
+                                    (lambda: capture(**rest)) if self.strategy.is_main else None, self.strategy)
+        elif self.strategy.is_main:
+            checkpoint.save(path, capture())
+        if not self.strategy.is_main:
+            return None
         checkpoint.prune(self.run_dir, self.keep_last)
-        log.info("checkpoint %s (%.1f MB, %.2f s)", path, path.stat().st_size / 1e6, time.perf_counter() - t0)
+        log.info("checkpoint %s (%.1f MB, %.2f s)", path, checkpoint.size(path) / 1e6, time.perf_counter() - t0)
         return path
