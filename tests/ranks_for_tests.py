@@ -1,7 +1,8 @@
 """One update on a fixed global batch, as the learner-rank tests run it: ``python -m tests.ranks_for_tests
 OUT [grpo MODEL_DIR [fsdp]]`` in one process, or under torchrun on N data-parallel ranks (``strategy=ddp``, or
 ``strategy=fsdp`` with ``fsdp``), each rank on its share: PPO's env columns, or GRPO's prompts (whole groups).
-The weights after the update and its metrics (averaged over the ranks, as the trainer does) go to OUT."""
+The weights after the update and its metrics (averaged over the ranks, as the trainer does) go to OUT.
+``OUT push - fsdp``: what a push from sharded weights copies (``push_snapshot``)."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from rltrain.llm.rewards import Rewards, correct_answer, length_penalty
 from rltrain.llm.tasks import ReverseDigits
 from rltrain.process_groups import exit_without_teardown
 from rltrain.strategies import DDP, FSDP, Single
+from rltrain.sync.base import FlatBuffer, named_weights
 
 STEPS, ENVS = 16, 8
 
@@ -63,6 +65,9 @@ def main(out: str, algo_name: str = "ppo", model_dir: str = "", strategy_name: s
         policy, algo, batch = grpo(strategy, model_dir)
         finish(strategy, policy, algo.update(batch), out)
         return
+    if algo_name == "push":
+        push_snapshot(strategy, out)
+        return
     torch.manual_seed(0)
     env = make_envs("CartPole-v1")
     policy = ActorCritic(env.spec, hidden_sizes=(32, 32), normalize_obs=True)
@@ -74,10 +79,24 @@ def main(out: str, algo_name: str = "ppo", model_dir: str = "", strategy_name: s
     finish(strategy, policy, algo.update(batch), out)
 
 
-def finish(strategy, policy, metrics: dict, out: str) -> None:
-    metrics = {k: sum(m[k] for m in strategy.gather(metrics)) / strategy.size for k in metrics}
-    weights = strategy.weights(policy)  # (sharded: gathered whole on rank 0)
+def push_snapshot(strategy, out: str) -> None:
+    """What a push from sharded weights copies: rows the ranks divide evenly (gathered straight into the
+    snapshot) and rows they do not (5 over 2 ranks: DTensor's own gather), beside the weights made whole."""
+    torch.manual_seed(0)
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 5))
+    whole = {k: v.clone() for k, v in named_weights(module).items()}
+    strategy.wrap(module)
+    snapshot = FlatBuffer.like(module, shared=False)
+    snapshot.copy_from(named_weights(module))
     if strategy.is_main:
+        torch.save({"whole": whole, "pushed": dict(snapshot.views)}, out)
+    finish(strategy, None, {}, None)
+
+
+def finish(strategy, policy, metrics: dict, out: str | None) -> None:
+    metrics = {k: sum(m[k] for m in strategy.gather(metrics)) / strategy.size for k in metrics}
+    weights = strategy.weights(policy) if policy is not None else None  # (sharded: gathered whole on rank 0)
+    if strategy.is_main and out is not None:
         torch.save({"weights": weights, "metrics": metrics}, out)
     strategy.close()
     if strategy.size > 1:  # as rltrain's own ranks end (its cli): see process_groups.exit_without_teardown

@@ -8,6 +8,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 import torch
@@ -141,18 +143,27 @@ def test_grpo_on_two_ddp_ranks_learns_the_single_token_task_as_one_process_does(
     assert (run_dir / "model" / "config.json").is_file()  # rank 0's, once
 
 
+def stopped_and_resumed(tmp_path: Path, run: tuple[str, ...], stop_at: int,
+                        on_stop: Callable[[Path], None] = lambda split: None) -> Path:
+    """A 2-rank job of ``run``: whole (outputs/full), and stopped by SIGTERM at ``stop_at`` frames (outputs/split,
+    given to ``on_stop``), then resumed; every row the resumed run adds to it must equal the whole run's."""
+    full = torchrun(*run, "hydra.run.dir=outputs/full", cwd=tmp_path, nproc=2)
+    assert full.returncode == 0, full.stderr
+    torchrun(*run, *signal_at(stop_at), "hydra.run.dir=outputs/split", cwd=tmp_path, nproc=2)
+    split = tmp_path / "outputs/split"
+    assert json.loads((split / "summary.json").read_text())["status"] == "interrupted"
+    on_stop(split)
+    resumed = torchrun(*run, f"resume={split}", "hydra.run.dir=outputs/resume", cwd=tmp_path, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr
+    assert learning_rows(split) == learning_rows(tmp_path / "outputs/full")
+    return split
+
+
 def test_a_grpo_ddp_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_path):
     run = ("algo=grpo", "collector.max_new_tokens=1", "trainer.total_frames=2560", "seed=2", "~hooks.log.every",
            "+hooks.log.every={batches:2}")
-    full = torchrun(*DDP, *run, "hydra.run.dir=outputs/full", cwd=tmp_path, nproc=2)
-    assert full.returncode == 0, full.stderr
-    torchrun(*DDP, *run, *signal_at(1280), "hydra.run.dir=outputs/split", cwd=tmp_path, nproc=2)
-    split = tmp_path / "outputs/split"
-    assert json.loads((split / "summary.json").read_text())["status"] == "interrupted"
-    resumed = torchrun(*DDP, *run, f"resume={split}", "hydra.run.dir=outputs/resume", cwd=tmp_path, nproc=2)
-    assert resumed.returncode == 0, resumed.stderr
-    # the task's position, each rank's sampling seeds, the weights pushed to each rank's engine and Adam came back
-    assert learning_rows(split) == learning_rows(tmp_path / "outputs/full")
+    # the task's position, each rank's sampling seeds, the weights pushed to each rank's engine and Adam come back
+    split = stopped_and_resumed(tmp_path, (*DDP, *run), 1280)
     assert [r["reward/mean"] for r in learning_rows(split)][-1] > 0
 
 
@@ -273,14 +284,9 @@ def test_a_ddp_checkpoint_resumes_on_one_process_and_back_on_two_ranks(tmp_path)
 
 def test_sac_on_two_ddp_ranks_resumes_exactly_with_every_ranks_replay_buffer(tmp_path):
     # each rank samples its share of every minibatch from the buffer of the frames it collected itself
-    full = torchrun(*DDP, *SAC_RUN, "hydra.run.dir=outputs/full", cwd=tmp_path, nproc=2)
-    assert full.returncode == 0, full.stderr
-    torchrun(*DDP, *SAC_RUN, *signal_at(400), "hydra.run.dir=outputs/split", cwd=tmp_path, nproc=2)
-    split = tmp_path / "outputs/split"
-    assert json.loads((split / "summary.json").read_text())["status"] == "interrupted"
-    [saved] = checkpoint.listing(split)
-    rank_1 = checkpoint.load(saved)[checkpoint.RANKS_KEY][0][checkpoint.ALGO_KEY]["replay_buffer"]
-    assert rank_1["size"] == 200  # half of the 400 frames: rank 1's own
-    resumed = torchrun(*DDP, *SAC_RUN, f"resume={split}", cwd=tmp_path, nproc=2)
-    assert resumed.returncode == 0, resumed.stderr
-    assert learning_rows(split) == learning_rows(tmp_path / "outputs/full")
+    def rank_1_kept_its_own(split: Path) -> None:
+        [saved] = checkpoint.listing(split)
+        rank_1 = checkpoint.load(saved)[checkpoint.RANKS_KEY][0][checkpoint.ALGO_KEY]["replay_buffer"]
+        assert rank_1["size"] == 200  # half of the 400 frames: rank 1's own
+
+    stopped_and_resumed(tmp_path, (*DDP, *SAC_RUN), 400, rank_1_kept_its_own)

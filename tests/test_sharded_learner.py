@@ -5,6 +5,7 @@ of 2 processes."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -14,9 +15,9 @@ from rltrain.llm.tiny import tiny_model_dir, write_tiny_model
 from tests.conftest import run_cli
 from tests.test_distributed import run_dirs, torchrun
 from tests.test_grpo import ONE_TOKEN
-from tests.test_learner_ranks import _update_on
+from tests.test_learner_ranks import _update_on, stopped_and_resumed
 from tests.test_outputs import read_jsonl
-from tests.test_run_management import learning_rows, signal_at
+from tests.test_run_management import learning_rows
 
 FSDP = ("strategy=fsdp", "engine=learner")
 GRPO_RUN = ("algo=grpo", "collector.max_new_tokens=1", "trainer.total_frames=2560", "seed=2", "~hooks.log.every",
@@ -62,21 +63,16 @@ def test_grpo_on_two_fsdp_ranks_learns_the_single_token_task_as_one_process_does
 
 
 def test_a_grpo_fsdp_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_path):
-    full = torchrun(*FSDP, *GRPO_RUN, "hydra.run.dir=outputs/full", cwd=tmp_path, nproc=2)
-    assert full.returncode == 0, full.stderr
-    torchrun(*FSDP, *GRPO_RUN, *signal_at(1280), "hydra.run.dir=outputs/split", cwd=tmp_path, nproc=2)
-    split = tmp_path / "outputs/split"
-    assert json.loads((split / "summary.json").read_text())["status"] == "interrupted"
-    # a directory: each rank's shards of the model and Adam's state (torch.distributed.checkpoint), and the rest
-    [saved] = checkpoint.listing(split)
-    assert saved.name == "frames_000000001280.dcp" and not list(saved.parent.glob("*.tmp"))
-    assert sorted(f.name for f in saved.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"]
-    rest = checkpoint.load(saved)
-    assert rest["sharded"] == ["policy"] and "policy" not in rest["algo"] and rest["algo"]["frames"] == 1280
-    resumed = torchrun(*FSDP, *GRPO_RUN, f"resume={split}", "hydra.run.dir=outputs/resume", cwd=tmp_path, nproc=2)
-    assert resumed.returncode == 0, resumed.stderr
+    def sharded_on_disk(split: Path) -> None:
+        # a directory: each rank's shards of the model and Adam's state (torch.distributed.checkpoint), and the rest
+        [saved] = checkpoint.listing(split)
+        assert saved.name == "frames_000000001280.dcp" and not list(saved.parent.glob("*.tmp"))
+        assert sorted(f.name for f in saved.iterdir()) == [".metadata", "__0_0.distcp", "__1_0.distcp", "state.pt"]
+        rest = checkpoint.load(saved)
+        assert rest["sharded"] == ["policy"] and "policy" not in rest["algo"] and rest["algo"]["frames"] == 1280
+
     # the weights and Adam's state go back into each rank's shards: every row as the uninterrupted run's
-    assert learning_rows(split) == learning_rows(tmp_path / "outputs/full")
+    split = stopped_and_resumed(tmp_path, (*FSDP, *GRPO_RUN), 1280, sharded_on_disk)
     assert [r["reward/mean"] for r in learning_rows(split)][-1] > 0
 
 
@@ -123,6 +119,15 @@ def test_pushes_from_fsdp_ranks_give_each_ranks_engine_copy_the_learners_weights
     for row in rows:
         assert row["grpo/tis/ratio_max"] == pytest.approx(1, abs=1e-5), row
         assert row["grpo/tis/ratio_mean"] == pytest.approx(1, abs=1e-6), row
+
+
+def test_a_push_gathers_sharded_weights_whole_whether_or_not_the_ranks_divide_their_rows(tmp_path):
+    # each rank's rows land in the snapshot directly where they split evenly (4 rows), DTensor's gather does it
+    # where they do not (5 rows over 2 ranks: 3 and 2)
+    result = _update_on(tmp_path / "push.pt", 2, "push", "-", "fsdp")
+    assert result["whole"].keys() == result["pushed"].keys() == {"0.weight", "0.bias", "1.weight", "1.bias"}
+    for name, weight in result["whole"].items():
+        assert torch.equal(result["pushed"][name], weight), name
 
 
 @pytest.mark.parametrize("args, says", [

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from typing import Annotated
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
 
@@ -159,6 +160,19 @@ def assign(tensor: torch.Tensor, whole: torch.Tensor) -> None:
     tensor.copy_(whole)
 
 
+def _gather_into(out: torch.Tensor, shard: DTensor) -> None:
+    """``shard`` (a sharded learner's weight) gathered whole into ``out``; every rank calls it, in the same order.
+    Where the ranks hold equal runs of its rows (FSDP2's dim-0 shards of a dim the ranks divide) and ``out`` is
+    on the shard's device, the ranks' rows land in ``out`` directly, in one collective; else DTensor's own gather."""
+    (placement,) = shard.placements if len(shard.placements) == 1 else (None,)
+    local = shard.to_local()
+    if (placement is not None and placement.is_shard(0) and shard.shape[0] % shard.device_mesh.size() == 0
+            and out.device == local.device):
+        dist.all_gather_into_tensor(out, local.contiguous(), group=shard.device_mesh.get_group())
+    else:
+        out.copy_(shard.full_tensor())
+
+
 def on_gpu(policy: nn.Module) -> bool:
     """Whether the policy's weights live on a GPU (a CUDA learner)."""
     return any(t.is_cuda for t in named_weights(policy).values())
@@ -229,7 +243,10 @@ class FlatBuffer:
         sources = [weights[n] for n in names]
         if any(isinstance(t, DTensor) for t in sources):  # a sharded learner's: every rank gathers, in this order,
             for name, t in zip(names, sources):          # one tensor at a time (its collectives done before a send)
-                self.copy_from({name: t.full_tensor() if isinstance(t, DTensor) else t}, [name])
+                if isinstance(t, DTensor):
+                    _gather_into(self.views[name], t)
+                else:
+                    self.views[name].copy_(t)
             return
         if sources and sources[0].is_cuda:
             self._copy_from_gpu(names, sources)
