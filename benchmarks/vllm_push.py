@@ -92,6 +92,7 @@ TIMEOUT_S = 600.0
 STOP_S = 60.0  # how long a server's process group has after SIGTERM before SIGKILL
 MEMORY_FACTOR = 20  # bytes of RAM per byte of weights the methods hold at once (slots, engines, server, files, gloo)
 PROMPTS, GROUP, MAX_NEW_TOKENS = 16, 8, 16
+ADAPTERS, MERGED, LORA_RANK = "adapters", "merged", 16  # a LoRA learner's pushes (sync.adapters=true|false)
 SERVER_STEPS = ["/pause", "rltrain_load", "/reset_prefix_cache", "/resume"]  # VLLMServer's calls in a push
 FLOOR_PROCESS, PEER_PROCESS = "the floor's process", "the per-tensor/file engine"
 STEPS = ["initialize", "load_weights", "GEMM repack", "finalize", "embedding repack", "reset_prefix_cache", "other"]
@@ -631,6 +632,71 @@ def generation_table(ctx, rounds: int) -> Table:
     return table
 
 
+def adapter_table(ctx, sizes: list[tuple[int, int]], rounds: int) -> Table:
+    """A LoRA learner's push (rank LORA_RANK on every linear layer), its adapters alone beside the merged weights:
+    two rltrain engines on the same base model, one per ``sync.adapters``, rounds alternating; ms from
+    ``sender.push()`` until ``VLLMEngine.sync()`` answers, the bytes each push copies, and after the rounds the
+    largest log-prob difference between each engine and the learner (peft) on a fixed sequence."""
+    import torch
+
+    from rltrain.llm.model import LanguageModel
+    from rltrain.llm.tiny import write_tiny_model
+    from rltrain.llm.vllm.engine import VLLMEngine
+    from rltrain.llm.vllm.slots import VLLMSlotsSync
+
+    torch.set_num_threads(ctx.threads)
+    columns = [ADAPTERS, MERGED]
+    table = Table(f"{TITLE}, a LoRA learner (rank {LORA_RANK}, every linear layer): ms until the engine holds the "
+                  f"new version, median [p10-p90] of {rounds} rounds", columns, ratio_to=ADAPTERS,
+                  ratio_header="x vs {peer}")
+    table.notes.append("adapters: sync.adapters=true (the default), the engine saves each version as peft's files and "
+                       "vLLM applies it on the base model (add_lora, the previous version removed); merged: "
+                       "sync.adapters=false, the merged weights reloaded in place as for a full fine-tune")
+    for hidden, layers in sizes:
+        with tempfile.TemporaryDirectory(prefix="rltrain-vllm-lora-") as tmp:
+            model = LanguageModel(str(write_tiny_model(Path(tmp) / "model", hidden_size=hidden, layers=layers)),
+                                  lora_rank=LORA_RANK)
+            learner = model.load()
+            lora_b = [p for name, p in learner.named_parameters() if "lora_B" in name]
+            schemes = {ADAPTERS: VLLMSlotsSync(), MERGED: VLLMSlotsSync(adapters=False)}
+            senders = {c: scheme.sender(learner) for c, scheme in schemes.items()}
+            engines = {}
+            samples = {c: [] for c in columns}
+            try:
+                for c, scheme in schemes.items():
+                    engines[c] = VLLMEngine(model, scheme.receiver(), timeout_s=TIMEOUT_S)
+                for round_ in range(1 + rounds):
+                    for c in columns:
+                        with torch.no_grad():
+                            lora_b[0].add_(1e-3)
+                        t0 = time.perf_counter()
+                        senders[c].push()
+                        engines[c].sync()
+                        if round_:
+                            samples[c].append((time.perf_counter() - t0) * 1e3)
+                ids = list(range(3, 40))
+                learned = torch.tensor(learner_logprobs(learner, ids))
+                error = {c: float((engines[c].probe(ids)[0] - learned).abs().max()) for c in columns}
+            finally:
+                for c in list(engines):
+                    engines[c].close()
+                for sender in senders.values():
+                    sender.close()
+            moved = {c: sum(t.nbytes for t in schemes[c].weights_of(learner).values()) for c in columns}
+        params = sum(p.numel() for name, p in learner.named_parameters() if "lora_" not in name)
+        label = f"{params / 1e6:.1f}M (hidden {hidden}, {layers} layers)"
+        row = Row(f"{label}: ms", {c: Stat(v, "ms") for c, v in samples.items()})
+        row.extra["max |dlogp| adapters / merged"] = f"{error[ADAPTERS]:.1e} / {error[MERGED]:.1e}"
+        table.rows.append(row)
+        wide = hidden >= 40 * LORA_RANK  # a layer's adapters: 2 x rank / width of its bytes (1/20 at 640 wide)
+        table.rows.append(Row(f"{label}: MB per push", {c: Stat([moved[c] / 1e6], "MB") for c in columns},
+                              target="adapters: 1/20 of the bytes or fewer" if wide else "",
+                              goals=(Goal(MERGED, at_least=20),) if wide else ()))
+    table.notes.append(f"a square layer's adapters hold 2 x rank / width of its bytes: 1/4 at 128 wide, 1/20 at 640 "
+                       f"(rank {LORA_RANK}); the bytes target is for the layers of 640 and wider")
+    return table
+
+
 def _vllm_version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
@@ -650,6 +716,7 @@ def run(ctx) -> list[Table]:
     shm_before = set(os.listdir("/dev/shm"))
     sizes, rounds = (SIZES[:1], QUICK_ROUNDS) if ctx.quick else (SIZES, ROUNDS)
     tables = push_tables(ctx, sizes, rounds)
+    tables.append(adapter_table(ctx, sizes[:2], rounds))
     tables.append(generation_table(ctx, rounds))
     left = sorted(set(os.listdir("/dev/shm")) - shm_before)
     shm = f"left behind: {', '.join(left)}" if left else "nothing new"

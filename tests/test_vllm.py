@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -211,16 +212,69 @@ def test_a_learner_whose_weights_vllm_cannot_take_is_refused_naming_them(tmp_pat
                 if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]  # the engine is gone
 
 
-def test_a_lora_learner_reaches_the_engine_merged(tmp_path):
+def _perturb_adapters(learner, seed: int) -> None:
+    """Adapters that change the model (B starts at 0), different for each ``seed``."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in learner.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.5)
+
+
+def test_a_lora_learner_pushes_its_adapters_alone_and_the_engine_applies_each_version(tmp_path):
+    import tempfile
+
+    from rltrain.llm.vllm.engine import VLLMEngine
+    from rltrain.llm.vllm.loading import adapter_weights, served_weights
+
+    model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")), lora_rank=4)
+    learner = model.load()
+    _perturb_adapters(learner, 0)
+    scheme = VLLMSlotsSync()  # sync.adapters=true, the default
+    sender = scheme.sender(learner)
+    pushed = sum(t.nbytes for t in adapter_weights(learner).values())
+    assert pushed * 8 < sum(t.nbytes for t in served_weights(learner).values())  # (rank 4 of 64-wide layers)
+    receiver = scheme.receiver()
+    assert receiver.adapters
+    before = set(Path(tempfile.gettempdir()).glob("rltrain-adapters-*"))
+    engine = VLLMEngine(model, receiver, timeout_s=60)
+    try:
+        ids = model.tokenizer()("reverse 123: 321", add_special_tokens=False)["input_ids"]
+        held, version = engine.probe(ids)
+        assert version == 0 and torch.allclose(held, _learner_probe(model, learner, ids), atol=1e-4)
+        with learner.disable_adapter():
+            assert not torch.allclose(held, _learner_probe(model, learner, ids), atol=1e-2)  # not the base alone
+        for seed in (1, 2):  # each version applied, never an earlier one vLLM still has cached
+            _perturb_adapters(learner, seed)
+            pushed_version = sender.push()
+            newer, version = engine.probe(ids)
+            assert version == pushed_version and torch.allclose(newer, _learner_probe(model, learner, ids), atol=1e-4)
+            assert not torch.allclose(newer, held, atol=1e-2)
+            held = newer
+        generated = engine.generate(PROMPTS, 2, Sampling(max_new_tokens=4))  # sampled under the newest adapters
+        assert generated.version == 2 and generated.logprobs.isfinite().all()
+    finally:
+        engine.close()
+    assert set(Path(tempfile.gettempdir()).glob("rltrain-adapters-*")) == before  # each version's files removed
+
+
+def test_a_lora_run_samples_every_batch_under_the_adapters_its_learner_pushed(tmp_path):
+    summary = build(make_config(*SHORT, *VLLM, "model.lora_rank=4"), run_dir=tmp_path).fit()
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert summary["status"] == "completed" and summary["sync"]["pushes"] == 8
+    # a new adapter version after each update, and the engine's log-probs are the learner's on every token
+    assert [row["sync/version"] for row in rows] == list(range(1, 9)) and summary["sync"]["max_lag"] == 0
+    assert all(abs(row["grpo/tis/ratio_max"] - 1) < 1e-3 for row in rows), [r["grpo/tis/ratio_max"] for r in rows]
+    assert all(abs(row["grpo/tis/ratio_mean"] - 1) < 1e-4 for row in rows), [r["grpo/tis/ratio_mean"] for r in rows]
+
+
+def test_a_lora_learner_reaches_the_engine_merged_with_sync_adapters_false(tmp_path):
     from rltrain.llm.vllm.engine import VLLMEngine
 
     model = LanguageModel(str(write_tiny_model(tmp_path / "tiny")), lora_rank=4)
     learner = model.load()
-    with torch.no_grad():  # adapters that change the model (B starts at 0)
-        for name, p in learner.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.5)
-    scheme = VLLMSlotsSync()
+    _perturb_adapters(learner, 0)
+    scheme = VLLMSlotsSync(adapters=False)
     scheme.sender(learner)
     engine = VLLMEngine(model, scheme.receiver(), timeout_s=60)
     try:
@@ -371,6 +425,11 @@ def fails_when_killed_mid_run(tmp_path, kill, *overrides: str, env: dict | None 
     (("algo=grpo", "+collector.vllm_url=http://127.0.0.1:8000"),
      "collector.vllm_url is now engine=vllm_server engine.url=URL"),
     (("algo=grpo", "+algo.temperature=0.5"), "algo.temperature is now collector.temperature"),
+    (("algo=grpo", "engine=vllm_server", "engine.url=http://127.0.0.1:8000", "model.lora_rank=4"),
+     "model.lora_rank=4 with engine=vllm_server: rltrain pushes a server the merged weights, not the adapters alone; "
+     "add sync.adapters=false"),
+    (("algo=grpo", *VLLM, "model.lora_rank=600"), "model.lora_rank=600: vLLM applies adapters of rank 512 at most; "
+                                                  "push the merged weights instead (sync.adapters=false)"),
 ])
 def test_an_engine_and_a_sync_that_do_not_go_together_are_refused(overrides, message):
     with pytest.raises(ConfigError, match=re.escape(message)):

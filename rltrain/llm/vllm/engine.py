@@ -22,9 +22,11 @@ the weights version the learner pinned for it, ``SnapshotReceiver.reserve``),
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import multiprocessing as mp
 import os
+import tempfile
 import time
 from typing import Annotated
 
@@ -36,7 +38,7 @@ from rltrain.errors import CollectorError, ConfigError, send_failure
 from rltrain.llm.engine import Engine, Generated, Sampling
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.vllm import BACKENDS
-from rltrain.llm.vllm.loading import VLLMModel
+from rltrain.llm.vllm.loading import VLLMAdapters, VLLMModel
 from rltrain.llm.vllm.requests import as_generated, encode_prompts, sampling_requests
 from rltrain.llm.vllm.slots import SnapshotReceiver
 from rltrain.llm.vllm.transfer import TransferReceiver
@@ -53,6 +55,14 @@ def engine_gpu_index(device: torch.device | str, gpu: int | None) -> int | None:
     if device.type != "cuda":
         return None
     return gpu if gpu is not None else (device.index or 0)
+
+
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank choices
+
+
+def lora_rank_bound(rank: int) -> int:
+    """The smallest of vLLM's ``max_lora_rank`` choices that serves adapters of rank ``rank``."""
+    return next(bound for bound in LORA_RANKS if bound >= rank)
 
 
 def check_sampling(config: dict) -> None:
@@ -97,13 +107,18 @@ class VLLMEngine(Engine):
                    "logprobs_mode": "processed_logprobs"}
         if isinstance(receiver, TransferReceiver):  # pushes through vLLM's weight-transfer API, by this backend
             options["weight_transfer_config"] = {"backend": receiver.backend}
+        adapters = None
+        if isinstance(receiver, SnapshotReceiver) and receiver.adapters:  # vLLM applies each pushed version
+            adapters = (model.lora_rank, model.lora_alpha)
+            options.update(enable_lora=True, max_lora_rank=lora_rank_bound(model.lora_rank), max_loras=1,
+                           max_cpu_loras=2)
         environment = {"OMP_NUM_THREADS": None if threads is None else str(threads)}
         gpu = engine_gpu_index(device, gpu)
         if gpu is not None:
             options["gpu_memory_utilization"] = gpu_memory
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             environment["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
-        self._child = ChildProcess(engine_main, (source, options, receiver, kv_cache_gb), "the vLLM engine",
+        self._child = ChildProcess(engine_main, (source, options, receiver, kv_cache_gb, adapters), "the vLLM engine",
                                    name="rltrain-vllm-engine", environment=environment, error=CollectorError)
         receiver.after_spawn()
         self._pending: tuple | None = None
@@ -123,6 +138,10 @@ class VLLMEngine(Engine):
                               "CPU build; on a GPU machine: pip install vllm), or a vLLM server of your own "
                               "(engine=vllm_server engine.url=...)")
         check_sampling(config)
+        rank = config.get("model", {}).get("lora_rank") or 0
+        if rank > LORA_RANKS[-1] and config.get("sync", {}).get("adapters"):
+            raise ConfigError(f"model.lora_rank={rank}: vLLM applies adapters of rank {LORA_RANKS[-1]} at most; "
+                              "push the merged weights instead (sync.adapters=false)")
         device = resolve_device(config.get("device", "auto"))
         gpu = engine_gpu_index(device, values.get("gpu"))
         if gpu is None:
@@ -223,8 +242,11 @@ class VLLMEngine(Engine):
         self._receiver.close()
 
 
-def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) -> None:
-    """The engine process: vLLM on ``source``, the receiver connected to it, requests served in order."""
+def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float,
+                adapters: tuple[int, float] | None) -> None:
+    """The engine process: vLLM on ``source``, the receiver connected to it (to vLLM's model, or with
+    ``adapters``, a LoRA learner's rank and alpha, to the adapters vLLM applies on it), requests served in
+    order."""
     # Ctrl-C or a scheduler's SIGTERM to the learner's process group does not reach the engine (its own
     # session): the learner finishes its step, checkpoints, then closes it. It dies with the learner.
     os.setsid()
@@ -236,14 +258,19 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
     # until the learner's resource tracker removes it, or forever if the learner is killed.
     mp.set_start_method("fork", force=True)
     code = 0
+    folder = tempfile.TemporaryDirectory(prefix="rltrain-adapters-") if adapters else contextlib.nullcontext()
     try:
         from vllm import LLM
 
         if options.get("weight_transfer_config", {}).get("backend") == BACKENDS["gloo"]:
             import rltrain.llm.vllm.backends  # noqa: F401  (registers rltrain's gloo backend into vLLM's factories)
         llm = LLM(model=source, **options)
-        runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
-        receiver.connect(_Reporting(VLLMModel(runner.get_model(), runner.model_config, llm.reset_prefix_cache), conn))
+        if adapters:
+            target = lora = VLLMAdapters(llm, *adapters, folder.name)
+        else:
+            runner, lora = llm.llm_engine.model_executor.driver_worker.worker.model_runner, None
+            target = VLLMModel(runner.get_model(), runner.model_config, llm.reset_prefix_cache)
+        receiver.connect(_Reporting(target, conn))
         conn.send(("ready", receiver.version))
         while (msg := next_request(conn)) is not None:
             if isinstance(receiver, SnapshotReceiver):  # sync=vllm: the version reserved for it, else the newest
@@ -254,10 +281,10 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
             elif msg[0] == "generate":
                 conn.send(("doing", f"generating with weights version {receiver.version}"))
                 started = time.perf_counter()
-                rows = _generate(llm, *msg[2:])
+                rows = _generate(llm, *msg[2:], lora=lora and lora.request)
                 conn.send(("generated", rows, receiver.version, time.perf_counter() - started))
             elif msg[0] == "probe":
-                conn.send(("probed", _probe(llm, msg[1]), receiver.version))
+                conn.send(("probed", _probe(llm, msg[1], lora=lora and lora.request), receiver.version))
             elif msg[0] == "sync":
                 conn.send(("synced", receiver.version))
     except BaseException as e:  # noqa: BLE001  (everything goes back to the learner)
@@ -265,6 +292,8 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float) 
         code = 1
     finally:
         receiver.close()
+        if adapters:
+            folder.cleanup()
     os._exit(code)  # vLLM's own teardown may wait on threads the learner no longer needs
 
 
@@ -328,14 +357,15 @@ class EngineClient:
         """Nothing to undo: the engine serves no one else."""
 
 
-def _generate(llm, rows: list[list[int]], group_size: int, sampling: Sampling, seed: int | None) -> list:
+def _generate(llm, rows: list[list[int]], group_size: int, sampling: Sampling, seed: int | None, lora=None) -> list:
     """Each prompt's ``group_size`` completions, one after another: (token ids, each one's log-prob,
-    whether ``max_new_tokens`` cut it). The eos token or the one completing a stop string ends one."""
+    whether ``max_new_tokens`` cut it). The eos token or the one completing a stop string ends one. ``lora``:
+    the adapter version to apply (a LoRARequest), if any."""
     from vllm import SamplingParams
 
     requests = sampling_requests(rows, group_size, sampling, seed)
     outputs = llm.generate([{"prompt_token_ids": ids} for ids, _ in requests],
-                           [SamplingParams(**params) for _, params in requests], use_tqdm=False)
+                           [SamplingParams(**params) for _, params in requests], use_tqdm=False, lora_request=lora)
     out = []
     for request in outputs:
         for c in sorted(request.outputs, key=lambda c: c.index):
@@ -345,9 +375,9 @@ def _generate(llm, rows: list[list[int]], group_size: int, sampling: Sampling, s
     return out
 
 
-def _probe(llm, ids: list[int]) -> list[float]:
+def _probe(llm, ids: list[int], lora=None) -> list[float]:
     from vllm import SamplingParams
 
     out = llm.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0),
-                       use_tqdm=False)[0]
+                       use_tqdm=False, lora_request=lora)[0]
     return [d[t].logprob for d, t in zip(out.prompt_logprobs[1:], ids[1:])]

@@ -1,12 +1,15 @@
 """Loading the learner's weights into vLLM's model, in whichever process holds it (rltrain's engine, a
-server's worker): what is served of a transformers model (``served_weights``), the in-place reload
-(``VLLMModel``), and the checks of weight names against the served model's checkpoint.
+server's worker): what is served of a transformers model (``served_weights``, or a LoRA learner's
+adapters alone: ``adapter_weights``), the in-place reload (``VLLMModel``), the adapters as vLLM applies
+them (``VLLMAdapters``), and the checks of weight names against the served model's checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -30,6 +33,60 @@ def served_weights(model: nn.Module) -> dict[str, torch.Tensor]:
             if deltas:
                 weights[f"{name}.weight"] = weights[f"{name}.weight"] + sum(deltas)
     return weights
+
+
+ADAPTER_MARK = ".lora_A."  # in the name of every adapter weight peft writes (and nothing else)
+
+
+def adapter_weights(model: nn.Module) -> dict[str, torch.Tensor]:
+    """A peft model's (LoRA) adapter weights, by the names of the adapter files peft writes and vLLM loads
+    (``...q_proj.lora_A.weight``: without the adapter's own name)."""
+    from peft import get_peft_model_state_dict
+
+    return {name: t.detach() for name, t in get_peft_model_state_dict(model).items()}
+
+
+def holds_adapters(names) -> bool:
+    """Whether weights of these names are LoRA adapters (``adapter_weights``), not a whole model."""
+    return any(ADAPTER_MARK in name for name in names)
+
+
+class VLLMAdapters:
+    """The learner's LoRA adapters in rltrain's vLLM engine (``sync=vllm`` with ``sync.adapters=true``): vLLM keeps
+    the base model and applies each pushed version as an adapter of its own. A version is written as peft's
+    adapter files in a directory of its own under ``folder`` (vLLM loads adapters from files) and registered
+    under a name and id of its own (vLLM caches an adapter by its id, and prefix-caches keys and values by its
+    name and path: reusing either would serve the previous version); the version before it is removed."""
+
+    def __init__(self, llm, rank: int, alpha: float, folder: str | Path):
+        self.llm, self.rank, self.alpha, self.folder = llm, rank, alpha, Path(folder)
+        self.request = None  # the LoRARequest every generation carries: the newest version's
+
+    def load_slot(self, slot, version: int) -> None:
+        """Load a ``sync=vllm`` slot of adapter weights as version ``version``; ValueError if vLLM refuses them."""
+        import json
+
+        from safetensors.torch import save_file
+        from vllm.lora.request import LoRARequest
+
+        path = self.folder / f"v{version}"
+        path.mkdir(parents=True)
+        save_file({name: view.clone() for name, view in slot.views.items()}, path / "adapter_model.safetensors")
+        targets = sorted({name.split(ADAPTER_MARK)[0].rsplit(".", 1)[-1] for name in slot.views
+                          if ADAPTER_MARK in name})
+        (path / "adapter_config.json").write_text(json.dumps({
+            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.alpha,
+            "target_modules": targets, "bias": "none", "lora_dropout": 0.0, "use_rslora": False, "use_dora": False,
+            "fan_in_fan_out": False, "modules_to_save": None}))
+        request = LoRARequest(f"rltrain-v{version}", version + 1, str(path))  # (ids start at 1)
+        try:
+            self.llm.llm_engine.add_lora(request)  # loaded and checked now, not at the next generation
+        except (ValueError, RuntimeError, KeyError) as e:
+            raise ValueError(f"vLLM does not take the learner's LoRA adapters ({type(e).__name__}: {e})") from None
+        previous, self.request = self.request, request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
 
 
 class VLLMModel:
@@ -149,8 +206,6 @@ def names_unlike(expected: set[str] | None, given: set[str]) -> str:
 def checkpoint_names(source: str, hf_config=None) -> set[str] | None:
     """The weight names in a local model dir's safetensors files (None for a hub id or another format),
     less the output layer's copy some checkpoints keep of a tied embedding (the learner names it once)."""
-    from pathlib import Path
-
     files = sorted(Path(source).glob("*.safetensors")) if Path(source).is_dir() else []
     if not files:
         return None

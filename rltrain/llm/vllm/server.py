@@ -198,6 +198,10 @@ class VLLMServer(Engine):
             raise ConfigError(f"engine.url={url!r} is not a URL; give the server's, e.g. "
                               "engine.url=http://127.0.0.1:8000 (or engine=vllm for rltrain's own engine)")
         check_sampling(config)
+        if config.get("model", {}).get("lora_rank") and config.get("sync", {}).get("adapters"):
+            raise ConfigError(f"model.lora_rank={config['model']['lora_rank']} with engine=vllm_server: rltrain pushes "
+                              "a server the merged weights, not the adapters alone; add sync.adapters=false (or "
+                              "engine=vllm, which applies the adapters)")
         try:
             check_server(url, backend=config.get("sync", {}).get("backend"))
         except ServerError as e:

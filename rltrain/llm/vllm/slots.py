@@ -2,8 +2,10 @@
 
 The learner's side is ``sync=shared_mem``'s: each push copies the weights into a free shared-memory
 slot and publishes its version and index together, one copy whatever the model's size, no call per
-tensor. What is published is what vLLM loads: the parameters by their Hugging Face names, and for a
-model with LoRA adapters the merged weights (``served_weights``).
+tensor. What is published is what vLLM loads: the parameters by their Hugging Face names; for a model
+with LoRA adapters, the adapters alone (``sync.adapters=true``, the default: rltrain's engine applies
+each version as a vLLM adapter of its own, ``adapter_weights``), or the merged weights (``false``:
+``served_weights``; what a server of the user's own loads).
 
 The receiver is a ``SnapshotReceiver``, which the engine binds to its model (``connect(target)``: anything
 with ``load_slot(slot, version)``, raising ValueError for weights that do not fit): in rltrain's engine
@@ -25,8 +27,8 @@ import torch
 from torch import nn
 
 from rltrain.errors import SyncError
-from rltrain.llm.vllm.loading import served_weights
-from rltrain.rules import PositiveNumber
+from rltrain.llm.vllm.loading import adapter_weights, holds_adapters, served_weights
+from rltrain.rules import Flag, PositiveNumber
 from rltrain.sync.shared_mem import SLOTS, SharedMemSync, _SharedMemReceiver, _SharedMemSender
 
 
@@ -42,6 +44,12 @@ class SnapshotReceiver(_SharedMemReceiver):
     """An engine's side of ``sync=vllm``: loads each new version into the engine's model (``connect``'s
     target). ``reserve``, in the learner as it asks the engine for a generation, pins the version that
     generation uses; ``poll(reserved)``, where the engine runs, loads it."""
+
+    @property
+    def adapters(self) -> bool:
+        """Whether what is published is a LoRA learner's adapters alone (the engine then serves them on the
+        base model), not whole weights."""
+        return holds_adapters(self._shared.slots[0].views)
 
     def connect(self, target) -> None:
         """Bind to the engine's model (``load_slot(slot, version)``) and load the newest version into it."""
@@ -86,9 +94,12 @@ class VLLMSlotsSync(SharedMemSync):
                            "could not give it back weights it held between pushes)"}
     _sender_class, _receiver_class = _SlotsSender, SnapshotReceiver
 
-    def __init__(self, slots: Annotated[int, SLOTS] = 3, timeout_s: PositiveNumber = 30.0):
+    def __init__(self, slots: Annotated[int, SLOTS] = 3, timeout_s: PositiveNumber = 30.0,
+                 adapters: Flag = True):  # a LoRA learner's pushes: its adapters alone (false: merged weights)
         super().__init__(1, slots, timeout_s)
+        self.adapters = adapters
 
-    @staticmethod
-    def weights_of(policy: nn.Module) -> dict[str, torch.Tensor]:
+    def weights_of(self, policy: nn.Module) -> dict[str, torch.Tensor]:
+        if self.adapters and hasattr(policy, "get_base_model"):
+            return adapter_weights(policy)
         return served_weights(policy)
