@@ -151,6 +151,24 @@ def test_engine_learner_generates_each_batch_with_the_learners_newest_weights_in
     assert summary["status"] == "completed" and rows[-1]["reward/mean"] > rows[0]["reward/mean"]
 
 
+def test_lora_adapters_train_sharded_and_generate_through_the_sharded_peft_model(tmp_path):
+    # each decoder layer a shard unit under peft's wrappers; the KL's reference is the model with its adapters
+    # off (no copy); peft's generate gathers the root's weights (register_fsdp_forward_method)
+    result = torchrun(*FSDP, *GRPO_RUN, "model.lora_rank=4", "algo.kl_coef=0.04", "trainer.total_frames=640",
+                      cwd=tmp_path, nproc=2)
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run_dir] = run_dirs(tmp_path)
+    summary, rows = json.loads((run_dir / "summary.json").read_text()), read_jsonl(run_dir / "metrics.jsonl")
+    assert summary["status"] == "completed" and summary["evaluations"] >= 1
+    assert all(r["grpo/tis/ratio_max"] == pytest.approx(1, abs=1e-5) for r in rows if "grpo/tis/ratio_max" in r)
+    assert rows[-1]["grpo/kl"] > 0  # the adapters moved away from the base model
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), run_dir / "model-adapter")
+    assert any(p.abs().sum() > 0 for n, p in adapted.named_parameters() if "lora_B" in n)  # gathered and written
+
+
 def test_a_sharded_checkpoint_that_does_not_fit_the_model_or_was_cut_short_is_refused_naming_why(tmp_path):
     from rltrain import sharded_checkpoint
     from rltrain.errors import CheckpointError

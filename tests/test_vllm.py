@@ -327,6 +327,24 @@ def test_grpo_on_two_ddp_ranks_generates_with_an_engine_per_rank_holding_its_lea
     assert not _left_behind(tag)  # both engines stopped with their ranks
 
 
+def test_grpo_lora_on_two_fsdp_ranks_pushes_each_ranks_engine_the_adapters_gathered_from_the_shards(tmp_path,
+                                                                                                      monkeypatch):
+    tag = str(tmp_path)
+    monkeypatch.setenv("RLTRAIN_TEST_TAG", tag)
+    result = torchrun("strategy=fsdp", *SHORT, *VLLM, "model.lora_rank=4", cwd=tmp_path, nproc=2, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [run_dir] = run_dirs(tmp_path)
+    summary, rows = json.loads((run_dir / "summary.json").read_text()), read_jsonl(run_dir / "metrics.jsonl")
+    assert summary["status"] == "completed" and summary["frames"] == 256 and summary["sync"]["pushes"] == 8
+    # each rank's engine applies the adapters its learner's shards gathered into: the learner's log-probs
+    assert all(abs(row["grpo/tis/ratio_max"] - 1) < 1e-3 for row in rows), [r["grpo/tis/ratio_max"] for r in rows]
+    assert [row["sync/version"] for row in rows] == list(range(1, 9))
+    # the eval generates with the sharded peft model; the checkpoint holds each rank's shards
+    assert "eval_return" in summary and (run_dir / "model-adapter").is_dir()
+    assert [p.name for p in checkpoint.listing(run_dir)] == ["frames_000000000256.dcp"]
+    assert not _left_behind(tag)
+
+
 def test_a_run_stopped_by_sigterm_stops_its_engine_and_resumes_as_if_never_stopped(tmp_path):
     # one push behind: the checkpoint holds the batch generated ahead, and the resumed run returns it first
     lagged = (*SHORT, *VLLM, "collector.max_lag=1")

@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
     get_model_state_dict,
     get_optimizer_state_dict,
 )
-from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from rltrain.errors import ConfigError
@@ -93,6 +93,8 @@ class FSDP(DDP):
         for unit in shard_units(module):
             fully_shard(unit, **options)
         fully_shard(module, **options)
+        if hasattr(module, "get_base_model"):  # peft's generate calls the wrapped model's, around the root's forward:
+            register_fsdp_forward_method(module, "generate")  # the root's weights (embeddings) gathered around it
 
     def accumulating(self, wrapped: Callable):
         # Every backward pass reduce-scatters its gradients, which accumulate as shards: no rank ever holds a
