@@ -165,7 +165,8 @@ def test_lora_adapters_train_sharded_and_generate_through_the_sharded_peft_model
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    adapted = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir()), run_dir / "model-adapter")
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir())
+    adapted = PeftModel.from_pretrained(base, run_dir / "model-adapter")
     assert any(p.abs().sum() > 0 for n, p in adapted.named_parameters() if "lora_B" in n)  # gathered and written
 
 
