@@ -170,6 +170,27 @@ def test_lora_adapters_train_sharded_and_generate_through_the_sharded_peft_model
     assert any(p.abs().sum() > 0 for n, p in adapted.named_parameters() if "lora_B" in n)  # gathered and written
 
 
+def test_fsdp_ranks_split_the_eval_prompts_and_score_them_as_one_process_does(tmp_path):
+    # a model half way through learning the single-token task, evaluated on 9 prompts in batches of 4: rank 0
+    # completes 2, 2 and 1 of them, rank 1 2, 2 and none (it completes one anyway, not counted), and every score
+    # counts once. One more batch at an lr too small to change a greedy token keeps the launches' models alike.
+    base = run_cli(*GRPO_RUN[:2], "seed=2", "trainer.total_frames=6400", "engine=learner", "hydra.run.dir=outputs/base",
+                   cwd=tmp_path)
+    assert base.returncode == 0, base.stderr
+    saved = tmp_path / "half_way.pt"  # outside a run dir: each resume starts a run dir of its own
+    saved.write_bytes(checkpoint.listing(tmp_path / "outputs/base")[-1].read_bytes())
+    run = (*GRPO_RUN[:2], "engine=learner", f"resume={saved}", "trainer.total_frames=6528", "algo.lr=1e-12",
+           "hooks.eval.prompts=9", "hooks.eval.batch_size=4")
+    one = run_cli(*run, "hydra.run.dir=outputs/one", cwd=tmp_path)
+    assert one.returncode == 0, one.stderr
+    two = torchrun("strategy=fsdp", *run, "hydra.run.dir=outputs/two", cwd=tmp_path, nproc=2)
+    assert two.returncode == 0, two.stderr
+    last = {name: read_jsonl(tmp_path / "outputs" / name / "metrics.jsonl")[-1] for name in ("one", "two")}
+    evals = {k: v for k, v in last["one"].items() if k.startswith("eval/")}
+    assert 0 < evals["eval/return"] < 1, evals  # right on some prompts, wrong on others
+    assert {k: v for k, v in last["two"].items() if k.startswith("eval/")} == pytest.approx(evals, abs=1e-9)
+
+
 def test_a_sharded_checkpoint_that_does_not_fit_the_model_or_was_cut_short_is_refused_naming_why(tmp_path):
     from rltrain import sharded_checkpoint
     from rltrain.errors import CheckpointError

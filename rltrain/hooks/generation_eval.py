@@ -15,6 +15,7 @@ from rltrain.llm.rewards import Rewards
 from rltrain.llm.tasks import Task
 from rltrain.rules import Flag, PositiveInt
 from rltrain.state import TrainState
+from rltrain.strategies import Single, Strategy
 
 log = logging.getLogger("rltrain")
 
@@ -29,7 +30,7 @@ class GenerationEvalHook(Evaluation):
     mean: ``correct`` is the accuracy), ``eval/completion_length`` and ``eval/truncated``.
     """
 
-    RUNS_LEARNER = True  # strategy=fsdp: every rank completes the same prompts with its shards, rank 0 records
+    RUNS_LEARNER = True  # strategy=fsdp: every rank completes its share of the prompts with its shards
     # Keys this hook had while it copied the collector's: it reads them from the collector now.
     MOVED_KEYS = {"max_new_tokens": "is now collector.max_new_tokens (the eval hook completes as the collector does)",
                   "stop": "is now collector.stop (the eval hook completes as the collector does)"}
@@ -45,9 +46,11 @@ class GenerationEvalHook(Evaluation):
         batch_size: PositiveInt = 64,
         every: Every = None,
         at_end: Flag = True,
+        strategy: Strategy = Single(),
     ):
         super().__init__(every, at_end)
         self.policy, self.task, self.model, self.rewards = policy, task.eval_split(), model, rewards
+        self.strategy = strategy
         size = self.task.split_size()
         if size is not None and size < prompts:  # a row counted twice would weigh twice in the mean
             log.info("hooks.eval.prompts=%d, but %s holds %d rows: each is scored once", prompts,
@@ -62,16 +65,26 @@ class GenerationEvalHook(Evaluation):
         if self._engine is None:
             self._engine = TransformersEngine(self.policy, self.model.tokenizer())
         self.task.position = 0
-        totals, each, lengths, cut = [], {}, [], []
+        # A sharded learner's ranks each complete their share of every batch (they generate together: a rank
+        # without a prompt of a batch completes one anyway, not counted), then every rank takes all the scores.
+        ranks = self.strategy.size if self.strategy.SHARDED else 1
+        scores: dict[str, list[float]] = {"reward": [], "length": [], "truncated": []}
         for start in range(0, self.prompts, self.batch_size):
             raise_if_stopping(state)
             rows = self.task.take(min(self.batch_size, self.prompts - start))
-            batch = complete(self._engine, self.model, rows, 1, self.sampling, self.rewards)
-            totals += batch["reward"].reshape(-1).tolist()
-            for name, values in batch["rewards"].items():
-                each.setdefault(name, []).extend(values.reshape(-1).tolist())
-            lengths += batch["episode_length"].reshape(-1).tolist()
-            cut += batch["truncated"].reshape(-1).tolist()
-        metrics = {"eval/completion_length": sum(lengths) / len(lengths), "eval/truncated": sum(cut) / len(cut)}
-        metrics.update({f"eval/reward/{name}": sum(v) / len(v) for name, v in each.items()})
-        return self.record(state, sum(totals) / len(totals), metrics)
+            mine = rows[self.strategy.rank::ranks]
+            batch = complete(self._engine, self.model, mine or rows[:1], 1, self.sampling, self.rewards)
+            if not mine:
+                continue
+            named = {"reward": batch["reward"], "length": batch["episode_length"], "truncated": batch["truncated"],
+                     **{f"reward/{name}": values for name, values in batch["rewards"].items()}}
+            for name, values in named.items():
+                scores.setdefault(name, []).extend(values.reshape(-1).tolist())
+        if ranks > 1:
+            parts = self.strategy.gather(scores)
+            scores = {name: [x for part in parts for x in part.get(name, [])] for name in parts[0]}
+        mean = {name: sum(values) / len(values) for name, values in scores.items()}
+        metrics = {"eval/completion_length": mean.pop("length"), "eval/truncated": mean.pop("truncated")}
+        total = mean.pop("reward")
+        metrics.update({f"eval/{name}": value for name, value in mean.items()})
+        return self.record(state, total, metrics)
