@@ -47,7 +47,7 @@ def grpo(strategy, model_dir: str):
     ``model_dir``, sampled and scored the same way on every rank; each rank updates on its share of the groups.
     The length penalty gives random weights' completions rewards that differ within a group."""
     model = LanguageModel(model_dir)
-    policy = model.load()
+    policy = model.load(meta=strategy.SHARDED and not strategy.is_main)  # as the factory: rank 0's weights, sharded
     engine = TransformersEngine(model.load(), model.tokenizer())
     rows = ReverseDigits(seed=3).take(PROMPTS)
     rewards = Rewards({"correct": correct_answer, "length": functools.partial(length_penalty, max_chars=3)})

@@ -27,7 +27,7 @@ GRPO_RUN = ("algo=grpo", "collector.max_new_tokens=1", "trainer.total_frames=256
 def test_two_fsdp_ranks_make_grpos_update_of_one_process_on_the_same_groups(tmp_path):
     # tests/ranks_for_tests.py: GRPO's update (2 epochs, TIS, a KL penalty to a sharded frozen reference,
     # micro-batches) on 8 groups of the tiny model's completions; each rank holds half of every weight and
-    # takes 4 groups.
+    # takes 4 groups. Rank 1 reads no weights: it builds the model on the meta device and shards rank 0's.
     model_dir = write_tiny_model(tmp_path / "tiny")
     one, two = (_update_on(tmp_path / f"{n}.pt", n, "grpo", str(model_dir), "fsdp") for n in (1, 2))
     # Not bitwise, as with strategy=ddp: each rank sums its half of the tokens and the reduce-scatter averages

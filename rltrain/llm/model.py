@@ -203,14 +203,20 @@ class LanguageModel:
         local = Path(self.path).expanduser()
         return str(local) if local.exists() else self.path
 
-    def load(self, device: str | torch.device = "cpu"):
+    def load(self, device: str | torch.device = "cpu", meta: bool = False):
         """The model on ``device``, in ``dtype``, in eval mode (the learner switches to train mode for
-        its passes; generation never does)."""
-        from transformers import AutoModelForCausalLM
+        its passes; generation never does). ``meta``: its shapes alone, on the meta device, no weights read
+        (a sharded learner's rank that gets rank 0's weights as it shards)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # a bar per load would fill the run's log
-        model = AutoModelForCausalLM.from_pretrained(self.source(), dtype=DTYPES[self.dtype]).to(device).eval()
+        if meta:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(self.source()),
+                                                         dtype=DTYPES[self.dtype]).eval()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(self.source(), dtype=DTYPES[self.dtype]).to(device).eval()
         if not self.lora_rank:
             return model
         from peft import LoraConfig, get_peft_model

@@ -20,11 +20,13 @@ import ctypes.util
 from collections.abc import Callable
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_optimizer_state_dict,
+    set_model_state_dict,
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
@@ -34,6 +36,7 @@ from rltrain.rules import Flag, PositiveNumber
 from rltrain.strategies.ddp import DDP
 
 _WHOLE_ON_RANK_0 = StateDictOptions(full_state_dict=True, cpu_offload=True)
+_FROM_RANK_0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
@@ -64,9 +67,10 @@ class FSDP(DDP):
                  reshard_after_forward: Flag = True):  # free each layer's gathered weights after its forward pass
         super().__init__(timeout_s)
         self.cpu_offload, self.reshard_after_forward = cpu_offload, reshard_after_forward
+        self._device = torch.device("cpu")  # where a module built on the meta device gets its shards
 
     def device(self, requested: torch.device) -> torch.device:
-        device = super().device(requested)
+        self._device = device = super().device(requested)
         if device.type == "cpu":
             _return_freed_blocks()
         return device
@@ -84,15 +88,23 @@ class FSDP(DDP):
         return module
 
     def _shard(self, module: nn.Module) -> None:
+        """Shard ``module``, then load rank 0's weights into every rank's shards: the other ranks may hold its
+        shapes alone (built on the meta device, no weights read: ``LanguageModel.load(meta=True)``)."""
         if id(module) in self._wrapped:
             raise ValueError(f"{type(module).__name__} is sharded already: shard each module once")
         self._wrapped.add(id(module))
+        whole = module.state_dict() if self.is_main else {}
         options = {"reshard_after_forward": self.reshard_after_forward}
         if self.cpu_offload:
             options["offload_policy"] = CPUOffloadPolicy()
         for unit in shard_units(module):
             fully_shard(unit, **options)
         fully_shard(module, **options)
+        if any(t.is_meta for t in (*module.parameters(), *module.buffers())):
+            module.to_empty(device=self._device)
+        set_model_state_dict(module, whole, options=_FROM_RANK_0)
+        for buffer in module.buffers():  # (those no state dict holds: a rotary embedding's frequencies)
+            dist.broadcast(buffer, src=0)
         if hasattr(module, "get_base_model"):  # peft's generate calls the wrapped model's, around the root's forward:
             register_fsdp_forward_method(module, "generate")  # the root's weights (embeddings) gathered around it
 
