@@ -227,11 +227,12 @@ def test_what_cannot_run_on_ddp_ranks_is_refused_in_one_line(args, says, tmp_pat
     assert not run_dirs(tmp_path)
 
 
-def learner_job(args: tuple[str, ...], cwd, rank_args: dict | None = None) -> list[subprocess.Popen]:
+def learner_job(args: tuple[str, ...], cwd, rank_args: dict | None = None,
+                strategy: tuple[str, ...] = DDP) -> list[subprocess.Popen]:
     """A 2-rank learner job as torchrun starts it, without its agent (which would stop the other rank itself);
     ``rank_args``: a rank's own arguments, after ``args``."""
     port = free_port()
-    return [subprocess.Popen([sys.executable, "-m", "rltrain", *DDP, *args, *(rank_args or {}).get(rank, ())],
+    return [subprocess.Popen([sys.executable, "-m", "rltrain", *strategy, *args, *(rank_args or {}).get(rank, ())],
                              cwd=cwd, stderr=subprocess.PIPE,
                              stdout=subprocess.DEVNULL, text=True,
                              env={**os.environ, "PYTHONPATH": str(ROOT), "RANK": str(rank), "LOCAL_RANK": str(rank),
@@ -252,10 +253,15 @@ def test_ranks_started_with_different_configs_name_the_key(tmp_path):
         assert "the ranks were started with different configs: rank 1 has seed: 0 -> 1" in err
 
 
-def test_a_learner_rank_that_dies_fails_the_others_at_once_naming_it(tmp_path):
-    procs = learner_job(("trainer.total_frames=10000000", "trainer.stop_at_return=null"), tmp_path)
+@pytest.mark.parametrize("strategy, run, frames", [
+    (DDP, ("trainer.total_frames=10000000", "trainer.stop_at_return=null"), 4096),
+    # sharded: rank 0 is inside a collective of every forward pass (each layer's gather) when rank 1 goes
+    (("strategy=fsdp", "engine=learner"), ("algo=grpo", "trainer.total_frames=10000000"), 256),
+])
+def test_a_learner_rank_that_dies_fails_the_others_at_once_naming_it(strategy, run, frames, tmp_path):
+    procs = learner_job(run, tmp_path, strategy=strategy)
     try:
-        wait_for_frames(newest_run_dir(tmp_path), 4096)
+        wait_for_frames(newest_run_dir(tmp_path), frames)
         procs[1].kill()
         err = procs[0].communicate(timeout=60)[1]
     finally:
