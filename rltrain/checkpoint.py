@@ -170,8 +170,11 @@ class Restore:
         state = {**saved[ALGO_KEY], **(self._part(ALGO_KEY) or {})}  # another rank's own keys over rank 0's
         if saved[SHARDED_KEY]:
             trained = algo.trained_parts()
-            sharded_checkpoint.read(path, sharded_checkpoint.parts_of({k: trained[k] for k in saved[SHARDED_KEY]}),
-                                    sharded)
+            if lacking := sorted(set(trained) - set(saved[SHARDED_KEY])):
+                raise CheckpointError(f"{path} holds no {', '.join(lacking)} (the run that wrote it had none: e.g. no "
+                                      "KL reference with algo.kl_coef=0); resume with the config that wrote it, or "
+                                      "start a new run")
+            sharded_checkpoint.read(path, sharded_checkpoint.parts_of(trained), sharded)
             check_compatible(state, algo.state_dict(parts=False), ALGO_KEY)
         else:
             check_compatible(state, algo.state_dict(), ALGO_KEY)
@@ -252,27 +255,39 @@ def save_sharded(path: Path, parts: dict[str, sharded_checkpoint.Part], rest: Ca
     all in a temporary directory renamed once everything is on disk. Weights or a state holding NaN or inf
     are refused on every rank alike, before anything is written."""
     tmp = path.with_name(path.name + ".tmp")
-    problem, whole = None, None
+    whole, error, problem = None, None, None
     if strategy.is_main:
-        shutil.rmtree(tmp, ignore_errors=True)  # a write that a crash cut short
+        for stale in path.parent.glob(f"frames_*{SHARDED_SUFFIX}.*"):  # writes or deletes cut short
+            shutil.rmtree(stale, ignore_errors=True)
         try:
             whole = rest()
-        except NonFiniteError as e:
-            problem = str(e)
+        except Exception as e:  # noqa: BLE001  (told to every rank below, then raised here)
+            error, problem = e, f"{type(e).__name__}: {e}"
     if problem is None and (bad := [f"{name}.{w}" for name, part in parts.items() for w in
                                     nonfinite_weights(part.module)]):
-        problem = f"NaN or inf in the weights {', '.join(bad[:3])}: the checkpoint is not written"
-    problems = [p for p in strategy.gather(problem) if p]  # (also: nobody writes before the stale dir is gone)
+        problem = f"NonFiniteError: NaN or inf in the weights {', '.join(bad[:3])}: the checkpoint is not written"
+    # (the ranks agree before anyone writes, and no rank writes before the stale directories are gone)
+    problems = [(rank, p) for rank, p in enumerate(strategy.gather(problem)) if p]
+    if error is not None:
+        raise error
     if problems:
-        raise NonFiniteError(problems[0])
-    sharded_checkpoint.write(tmp, parts)
-    if not strategy.is_main:
-        return
-    save(tmp / STATE_FILE, whole)
-    if path.exists():  # the same frames written again (a run that a signal stopped right after a checkpoint)
-        shutil.rmtree(path)
-    os.replace(tmp, path)
-    _sync_dir(path.parent)
+        rank, said = problems[0]
+        kind = NonFiniteError if said.startswith("NonFiniteError") else RunError
+        raise kind(f"checkpoint {path.name} not written: rank {rank}: {said}")
+    try:
+        sharded_checkpoint.write(tmp, parts)
+        if strategy.is_main:
+            save(tmp / STATE_FILE, whole)
+            aside = path.with_name(path.name + ".old")
+            if path.exists():  # the same frames written again (a run that a signal stopped right after a checkpoint)
+                os.replace(path, aside)
+            os.replace(tmp, path)
+            _sync_dir(path.parent)
+            shutil.rmtree(aside, ignore_errors=True)
+    except BaseException:
+        if strategy.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def size(path: Path) -> int:
@@ -343,8 +358,10 @@ def listing(run_dir: Path) -> list[Path]:
 
 def prune(run_dir: Path, keep_last: int) -> None:
     for old in listing(run_dir)[:-keep_last]:
-        if old.is_dir():
-            shutil.rmtree(old, ignore_errors=True)
+        if old.is_dir():  # renamed first: a delete cut short leaves no checkpoint that looks whole
+            gone = old.with_name(old.name + ".del")
+            os.replace(old, gone)
+            shutil.rmtree(gone, ignore_errors=True)
         else:
             old.unlink(missing_ok=True)
 
@@ -363,6 +380,8 @@ def find(resume: str | None, config: dict, runs_root: Path) -> Path | None:
     if resume == "auto":
         return _find_same_config(config, runs_root)
     path = Path(resume).expanduser()
+    if path.is_file() and path.parent.suffix == SHARDED_SUFFIX and _NAME.match(path.parent.name):
+        return path.parent  # a file inside a sharded checkpoint: the checkpoint
     if path.is_file() or (path.is_dir() and _NAME.match(path.name)):
         return path
     if not path.exists():
@@ -372,12 +391,12 @@ def find(resume: str | None, config: dict, runs_root: Path) -> Path | None:
     found = listing(run_dir)
     if not found and (run_dir / DIRNAME / CONFIG_FILE).is_file():
         raise CheckpointError(f"resume={resume}: {run_dir} stopped before its first checkpoint ({run_dir / DIRNAME} "
-                              f"holds no frames_*.pt, only the {CONFIG_FILE} a run writes as it starts), so there is "
-                              "nothing to resume: start it again without resume=. hooks.checkpoint.every sets how "
-                              "often checkpoints are written (e.g. hooks.checkpoint.every.seconds=60)")
+                              f"holds no frames_*.pt or .dcp, only the {CONFIG_FILE} a run writes as it starts), so "
+                              "there is nothing to resume: start it again without resume=. hooks.checkpoint.every sets "
+                              "how often checkpoints are written (e.g. hooks.checkpoint.every.seconds=60)")
     if not found:
         raise CheckpointError(f"resume={resume}: {run_dir} holds no checkpoints (looked for "
-                              f"{run_dir / DIRNAME}/frames_*.pt); was hooks.checkpoint disabled in that run?")
+                              f"{run_dir / DIRNAME}/frames_*.pt or .dcp); was hooks.checkpoint disabled in that run?")
     return found[-1]
 
 

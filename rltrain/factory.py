@@ -194,7 +194,8 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
 
     with ExitStack() as cleanup:
         # a sharded learner's ranks but 0 read no weights: they shard the model's shapes and get rank 0's weights
-        policy = make_policy(meta=True) if strategy.SHARDED and not strategy.is_main else make_policy().to(device)
+        meta = strategy.SHARDED and not strategy.is_main and task is not None  # (a language model's: it can)
+        policy = make_policy(meta=True) if meta else make_policy().to(device)
         # env.sign_reward and env.normalize_reward transform rewards on the learner: the algo is told
         # (clip_reward only with normalize_reward). Logged episode returns stay the env's own.
         reward_scaling = {k: cfg.env[k] for k in ENV_TO_ALGO

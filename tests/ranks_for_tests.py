@@ -2,7 +2,8 @@
 OUT [grpo MODEL_DIR [fsdp]]`` in one process, or under torchrun on N data-parallel ranks (``strategy=ddp``, or
 ``strategy=fsdp`` with ``fsdp``), each rank on its share: PPO's env columns, or GRPO's prompts (whole groups).
 The weights after the update and its metrics (averaged over the ranks, as the trainer does) go to OUT.
-``OUT push - fsdp``: what a push from sharded weights copies (``push_snapshot``)."""
+``OUT push - fsdp``: what a push from sharded weights copies (``push_snapshot``); ``OUT generate MODEL_DIR fsdp``:
+completions of different lengths on each rank (``generate_apart``)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,9 @@ def main(out: str, algo_name: str = "ppo", model_dir: str = "", strategy_name: s
     if algo_name == "push":
         push_snapshot(strategy, out)
         return
+    if algo_name == "generate":
+        generate_apart(strategy, model_dir, out)
+        return
     torch.manual_seed(0)
     env = make_envs("CartPole-v1")
     policy = ActorCritic(env.spec, hidden_sizes=(32, 32), normalize_obs=True)
@@ -90,6 +94,22 @@ def push_snapshot(strategy, out: str) -> None:
     snapshot.copy_from(named_weights(module))
     if strategy.is_main:
         torch.save({"whole": whole, "pushed": dict(snapshot.views)}, out)
+    finish(strategy, None, {}, None)
+
+
+def generate_apart(strategy, model_dir: str, out: str) -> None:
+    """Greedy completions through the sharded model, rank 0's 2 tokens long and rank 1's 6: each of rank 0's
+    forward passes must be matched by rank 1's until rank 1's completions have ended."""
+    model = LanguageModel(model_dir)
+    policy = model.load(meta=strategy.SHARDED and not strategy.is_main)
+    strategy.wrap(policy)
+    prompts = [row["prompt"] for row in ReverseDigits(seed=3).take(2)]
+    longest = 2 if strategy.rank == 0 else 6
+    generated = TransformersEngine(policy, model.tokenizer()).generate(prompts, 1, Sampling(max_new_tokens=longest,
+                                                                                            greedy=True))
+    ranks = strategy.gather(generated.completion_ids.tolist())  # a collective after it: the ranks in step again
+    if strategy.is_main:
+        torch.save({"ranks": ranks}, out)
     finish(strategy, None, {}, None)
 
 

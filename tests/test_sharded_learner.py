@@ -94,13 +94,18 @@ def test_an_fsdp_checkpoint_resumes_on_one_process_and_back_on_two_ranks(tmp_pat
     loaded = model.state_dict()
     assert loaded.keys() == final.keys() and all(torch.equal(loaded[k], final[k]) for k in final)
     assert written["algo"]["frames"] == 1280 and all(s["step"] == 10 for s in optimizer.state.values())
-    one = run_cli(*run, "engine=learner", "resume=outputs/run", "trainer.total_frames=2560", cwd=tmp_path)
+    # (resume= a file inside the sharded checkpoint names the checkpoint: its run goes on in its own dir)
+    one = run_cli(*run, "engine=learner", f"resume={sharded / 'state.pt'}", "trainer.total_frames=2560", cwd=tmp_path)
     assert one.returncode == 0, one.stderr
     assert "resumed at 1,280 frames" in one.stdout + one.stderr
     # one process writes one file; the ranks cut their shards from it
     assert [p.name for p in checkpoint.listing(tmp_path / "outputs/run")][-1] == "frames_000000002560.pt"
+    stale = tmp_path / "outputs/run/checkpoints/frames_000000002600.dcp.tmp"  # a write a crash cut short
+    stale.mkdir()
+    (stale / "__0_0.distcp").write_bytes(b"0" * 1000)
     again = torchrun(*FSDP, *run, "resume=outputs/run", "trainer.total_frames=3840", cwd=tmp_path, nproc=2)
     assert again.returncode == 0, again.stderr
+    assert not stale.exists()  # swept as the next sharded checkpoint was written
     summary = json.loads((tmp_path / "outputs/run/summary.json").read_text())
     assert summary["status"] == "completed" and summary["frames"] == 3840 and summary["updates"] == 30
     rows = learning_rows(tmp_path / "outputs/run")
@@ -119,6 +124,24 @@ def test_pushes_from_fsdp_ranks_give_each_ranks_engine_copy_the_learners_weights
     for row in rows:
         assert row["grpo/tis/ratio_max"] == pytest.approx(1, abs=1e-5), row
         assert row["grpo/tis/ratio_mean"] == pytest.approx(1, abs=1e-6), row
+
+
+def test_ranks_generating_completions_of_different_lengths_through_the_sharded_model_stay_in_step(tmp_path):
+    # rank 0's completions end after 2 tokens, rank 1's after 6: rank 0 goes on stepping (each step a gather of
+    # every layer) until rank 1 is done, and both get the completions one process generates
+    model_dir = write_tiny_model(tmp_path / "tiny")
+    ranks = _update_on(tmp_path / "gen.pt", 2, "generate", str(model_dir), "fsdp")["ranks"]
+    from rltrain.llm.engine import Sampling, TransformersEngine
+    from rltrain.llm.model import LanguageModel
+    from rltrain.llm.tasks import ReverseDigits
+
+    model = LanguageModel(str(model_dir))
+    engine = TransformersEngine(model.load(), model.tokenizer())
+    prompts = [row["prompt"] for row in ReverseDigits(seed=3).take(2)]
+    for rank, longest in enumerate((2, 6)):
+        alone = engine.generate(prompts, 1, Sampling(max_new_tokens=longest, greedy=True))
+        assert ranks[rank] == alone.completion_ids.tolist()
+    assert len(ranks[0][0]) == 2 and len(ranks[1][0]) == 6
 
 
 def test_a_push_gathers_sharded_weights_whole_whether_or_not_the_ranks_divide_their_rows(tmp_path):

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 from tensordict import TensorDict
+from torch.distributed.tensor import DTensor
 
 from rltrain.errors import NonFiniteError
 from rltrain.llm.model import base_model
@@ -215,6 +216,9 @@ class TransformersEngine(Engine):
                                   pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
                                   stop_strings=list(sampling.stop) or None, tokenizer=tok if sampling.stop else None,
                                   output_logits=True, return_dict_in_generate=True,
+                                  # sharded over ranks (strategy=fsdp): every forward pass is a collective of all
+                                  # of them, so a rank whose completions have ended steps on until every rank's have
+                                  synced_gpus=isinstance(next(model.parameters()), DTensor),
                                   # NaN/inf scores cleaned before drawing: torch's sampler would raise on them, and
                                   # on CUDA assert on the device (which ends the process's CUDA context). The raw
                                   # logits stay as they were, and generate() names the failure from them.
@@ -237,8 +241,8 @@ class LearnerEngine(TransformersEngine):
     """``engine=learner``: transformers' ``generate`` on the learner's own model, in the learner's process. No
     copy is made and no weights move (``sync=in_place``): every batch is generated with the newest weights.
     With ``strategy=fsdp`` it generates through the sharded model, gathering one decoder layer at a time, so
-    that no rank ever holds the whole model; every rank generates its share of the prompts in step (transformers
-    keeps the ranks' generation loops together until the longest has ended)."""
+    that no rank ever holds the whole model; every rank generates its share of the prompts in step (transformers'
+    ``synced_gpus``: a rank whose completions have ended goes on stepping until the longest has)."""
 
     WEIGHTS = ("learner",)
 

@@ -22,10 +22,10 @@ the weights version the learner pinned for it, ``SnapshotReceiver.reserve``),
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import multiprocessing as mp
 import os
+import shutil
 import tempfile
 import time
 from typing import Annotated
@@ -107,9 +107,11 @@ class VLLMEngine(Engine):
                    "logprobs_mode": "processed_logprobs"}
         if isinstance(receiver, TransferReceiver):  # pushes through vLLM's weight-transfer API, by this backend
             options["weight_transfer_config"] = {"backend": receiver.backend}
-        adapters = None
+        adapters, self._adapters_dir = None, None
         if isinstance(receiver, SnapshotReceiver) and receiver.adapters:  # vLLM applies each pushed version
-            adapters = (model.lora_rank, model.lora_alpha)
+            # each version's adapter files (vLLM loads adapters from files), removed with the engine by close()
+            self._adapters_dir = tempfile.mkdtemp(prefix="rltrain-adapters-")
+            adapters = (model.lora_rank, model.lora_alpha, self._adapters_dir)
             options.update(enable_lora=True, max_lora_rank=lora_rank_bound(model.lora_rank), max_loras=1,
                            max_cpu_loras=2)
         environment = {"OMP_NUM_THREADS": None if threads is None else str(threads)}
@@ -118,8 +120,14 @@ class VLLMEngine(Engine):
             options["gpu_memory_utilization"] = gpu_memory
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             environment["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)
-        self._child = ChildProcess(engine_main, (source, options, receiver, kv_cache_gb, adapters), "the vLLM engine",
-                                   name="rltrain-vllm-engine", environment=environment, error=CollectorError)
+        try:
+            self._child = ChildProcess(engine_main, (source, options, receiver, kv_cache_gb, adapters),
+                                       "the vLLM engine", name="rltrain-vllm-engine", environment=environment,
+                                       error=CollectorError)
+        except BaseException:
+            if self._adapters_dir is not None:
+                shutil.rmtree(self._adapters_dir, ignore_errors=True)
+            raise
         receiver.after_spawn()
         self._pending: tuple | None = None
         self._early: tuple | None = None  # a batch that came back while a push waited for the engine
@@ -240,13 +248,15 @@ class VLLMEngine(Engine):
         self._child.close(10.0)
         self._child = None
         self._receiver.close()
+        if self._adapters_dir is not None:
+            shutil.rmtree(self._adapters_dir, ignore_errors=True)
 
 
 def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float,
-                adapters: tuple[int, float] | None) -> None:
+                adapters: tuple[int, float, str] | None) -> None:
     """The engine process: vLLM on ``source``, the receiver connected to it (to vLLM's model, or with
-    ``adapters``, a LoRA learner's rank and alpha, to the adapters vLLM applies on it), requests served in
-    order."""
+    ``adapters``, a LoRA learner's rank and alpha and the directory for each version's files, to the adapters
+    vLLM applies on it), requests served in order."""
     # Ctrl-C or a scheduler's SIGTERM to the learner's process group does not reach the engine (its own
     # session): the learner finishes its step, checkpoints, then closes it. It dies with the learner.
     os.setsid()
@@ -258,7 +268,6 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float,
     # until the learner's resource tracker removes it, or forever if the learner is killed.
     mp.set_start_method("fork", force=True)
     code = 0
-    folder = tempfile.TemporaryDirectory(prefix="rltrain-adapters-") if adapters else contextlib.nullcontext()
     try:
         from vllm import LLM
 
@@ -266,7 +275,7 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float,
             import rltrain.llm.vllm.backends  # noqa: F401  (registers rltrain's gloo backend into vLLM's factories)
         llm = LLM(model=source, **options)
         if adapters:
-            target = lora = VLLMAdapters(llm, *adapters, folder.name)
+            target = lora = VLLMAdapters(llm, *adapters)
         else:
             runner, lora = llm.llm_engine.model_executor.driver_worker.worker.model_runner, None
             target = VLLMModel(runner.get_model(), runner.model_config, llm.reset_prefix_cache)
@@ -292,8 +301,6 @@ def engine_main(conn, source: str, options: dict, receiver, kv_cache_gb: float,
         code = 1
     finally:
         receiver.close()
-        if adapters:
-            folder.cleanup()
     os._exit(code)  # vLLM's own teardown may wait on threads the learner no longer needs
 
 
