@@ -294,6 +294,6 @@ def test_resuming_a_run_killed_before_its_first_checkpoint_says_so(tmp_path):
         build(make_config(f"resume={run_dir}"))
     assert str(e.value) == (
         f"resume={run_dir}: {run_dir} stopped before its first checkpoint ({run_dir / 'checkpoints'} holds no "
-        "frames_*.pt, only the config.json a run writes as it starts), so there is nothing to resume: start it "
+        "frames_*.pt or .dcp, only the config.json a run writes as it starts), so there is nothing to resume: start it "
         "again without resume=. hooks.checkpoint.every sets how often checkpoints are written (e.g. "
         "hooks.checkpoint.every.seconds=60)")
