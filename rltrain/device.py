@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 if TYPE_CHECKING:
     from tensordict import TensorDict
@@ -23,6 +24,15 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(device)
+
+
+def placed_like(whole: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``whole`` on ``like``'s device, as its dtype; where ``like`` is a sharded learner's weight (a DTensor),
+    this rank's shard of ``whole``, cut without communication (every rank holds ``whole``)."""
+    whole = whole.to(like.device, like.dtype)
+    if not isinstance(like, DTensor):
+        return whole
+    return distribute_tensor(whole, like.device_mesh, like.placements, src_data_rank=None)
 
 
 def to_learner(batch: TensorDict, keys: Iterable, device: torch.device) -> TensorDict:

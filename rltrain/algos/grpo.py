@@ -319,13 +319,13 @@ class GRPO:
 
     def state_dict(self, replay_buffer: bool = True, parts: bool = True) -> dict:
         """The weights, the optimizer, the schedule's position, the frozen reference (if any) and the
-        count of skipped steps; ``parts=False``: all but ``trained_parts`` (a sharded checkpoint's rest)."""
+        count of skipped steps; ``parts=False``: all but ``trained_parts`` (a sharded checkpoint's rest, whose
+        shards ``rltrain.sharded_checkpoint`` writes). A sharded learner's parts are as this rank holds them (its
+        shards, as DTensors, which know their whole shapes: nothing is gathered)."""
         state = {"frames": self.frames, "nonfinite": self.guard.state_dict()}
         if parts:
-            strategy = self.strategy  # (sharded: every rank takes part, and rank 0 has the whole state)
-            state.update(policy=strategy.weights(self.policy),
-                         optimizer=strategy.optimizer_state(self.policy, self.optimizer),
-                         reference=strategy.weights(self.reference) if self.reference is not None else None)
+            state.update(policy=self.policy.state_dict(), optimizer=self.optimizer.state_dict(),
+                         reference=self.reference.state_dict() if self.reference is not None else None)
         return state
 
     def load_state_dict(self, state: dict) -> None:

@@ -54,18 +54,13 @@ class Strategy:
         (every rank takes part)."""
         return module.state_dict()
 
-    def optimizer_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-        """The state dict of ``optimizer`` (over ``module``'s trained parameters), whole and in the one-process
-        format (numbered as its parameters); sharded: as ``weights``."""
-        return optimizer.state_dict()
-
     def shard_weights(self, module: nn.Module, weights: dict) -> dict:
         """``weights`` (a ``weights`` result, written by any number of ranks) as ``module.load_state_dict`` on
         this rank takes it (sharded: this rank's shards)."""
         return weights
 
     def shard_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> dict:
-        """``state`` (an ``optimizer_state`` result) as ``optimizer.load_state_dict`` on this rank takes it."""
+        """``state`` (one process's ``optimizer.state_dict()``) as ``optimizer.load_state_dict`` here takes it."""
         return state
 
     def whole(self, x: torch.Tensor) -> torch.Tensor:

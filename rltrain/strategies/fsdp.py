@@ -7,9 +7,10 @@ frees them after it, and the backward pass reduce-scatters each layer's gradient
 its shard of everything and one layer whole at a time. The data-parallel rest is ``strategy=ddp``'s: each
 rank collects its share of the batch, and the global statistics go through the same collectives.
 
-What reads whole weights gathers them, on every rank at once, in the same order: the state dicts
-(``weights`` and ``optimizer_state``, for checkpoints and ``save_model``: whole on rank 0, empty on the
-others), a weight push (each tensor gathered as the push copies it), the gradient norm (``whole``).
+What reads whole weights gathers them, on every rank at once, in the same order: the model's state dict
+for ``save_model`` (``weights``: whole on rank 0, empty on the others), a weight push (each tensor gathered as
+the push copies it), the gradient norm (``whole``). A checkpoint gathers nothing: every rank writes its own
+shards (``rltrain.sharded_checkpoint``).
 """
 
 from __future__ import annotations
@@ -25,12 +26,12 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
+        set_model_state_dict,
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
+from rltrain.device import placed_like
 from rltrain.errors import ConfigError
 from rltrain.rules import Flag, PositiveNumber
 from rltrain.strategies.ddp import DDP
@@ -116,23 +117,13 @@ class FSDP(DDP):
     def weights(self, module: nn.Module) -> dict:
         return get_model_state_dict(module, options=_WHOLE_ON_RANK_0)
 
-    def optimizer_state(self, module: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-        state = get_optimizer_state_dict(module, optimizer, options=_WHOLE_ON_RANK_0)
-        if not self.is_main:
-            return {}
-        # torch names the optimizer's tensors by parameter name; one process numbers them in the order of its
-        # param groups, which the parameters' names keep here (a checkpoint resumes on any number of ranks).
-        index = {name: i for i, name in enumerate(_trained_names(module))}
-        return {"state": {index[name]: s for name, s in state["state"].items()},
-                "param_groups": [{**g, "params": [index[n] for n in g["params"]]} for g in state["param_groups"]]}
-
     def shard_weights(self, module: nn.Module, weights: dict) -> dict:
         own = module.state_dict()
-        return {name: _like(own[name], tensor) if name in own else tensor for name, tensor in weights.items()}
+        return {name: placed_like(tensor, own[name]) if name in own else tensor for name, tensor in weights.items()}
 
     def shard_optimizer_state(self, optimizer: torch.optim.Optimizer, state: dict) -> dict:
         params = [p for group in optimizer.param_groups for p in group["params"]]
-        own = {i: {k: _like(params[i], v) if isinstance(v, torch.Tensor) and v.dim() else v for k, v in s.items()}
+        own = {i: {k: placed_like(v, params[i]) if isinstance(v, torch.Tensor) and v.dim() else v for k, v in s.items()}
                for i, s in state["state"].items()}
         return {**state, "state": own}
 
@@ -151,16 +142,3 @@ def _return_freed_blocks() -> None:
         libc.mallopt(_M_MMAP_THRESHOLD, 64 << 10)
     except (OSError, AttributeError):
         return
-
-
-def _trained_names(module: nn.Module) -> list[str]:
-    """The names of the parameters an optimizer made over ``module``'s trained ones holds, in its order."""
-    return [name for name, p in module.named_parameters() if p.requires_grad]
-
-
-def _like(shard: torch.Tensor, whole: torch.Tensor) -> torch.Tensor:
-    """``whole`` (the same on every rank) cut as ``shard`` is: this rank's part, with no communication."""
-    if not isinstance(shard, DTensor):
-        return whole
-    return distribute_tensor(whole.to(shard.device, shard.dtype), shard.device_mesh, shard.placements,
-                             src_data_rank=None)

@@ -20,8 +20,9 @@ from typing import Annotated
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor
 
+from rltrain.device import placed_like
 from rltrain.errors import SyncError
 from rltrain.rules import Integer
 
@@ -154,10 +155,7 @@ def named_weights(policy: nn.Module) -> dict[str, torch.Tensor]:
 def assign(tensor: torch.Tensor, whole: torch.Tensor) -> None:
     """Copy ``whole`` into ``tensor``: a weight of the policy, or a sharded learner's (a DTensor: its shard of
     ``whole``, which every rank holds)."""
-    if isinstance(tensor, DTensor):
-        whole = distribute_tensor(whole.to(tensor.device, tensor.dtype), tensor.device_mesh, tensor.placements,
-                                  src_data_rank=None)
-    tensor.copy_(whole)
+    tensor.copy_(placed_like(whole, tensor))
 
 
 def _gather_into(out: torch.Tensor, shard: DTensor) -> None:
