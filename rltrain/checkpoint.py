@@ -284,10 +284,13 @@ def save_sharded(path: Path, parts: dict[str, sharded_checkpoint.Part], rest: Ca
             os.replace(tmp, path)
             _sync_dir(path.parent)
             shutil.rmtree(aside, ignore_errors=True)
-    except BaseException:
+    except BaseException as e:
         if strategy.is_main:
             shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        full = _disk_full(e)  # (DCP's CheckpointException, on every rank, holds each failed rank's error)
+        if full is None:
+            raise
+        raise _no_space(path, full) from e
 
 
 def size(path: Path) -> int:
@@ -309,16 +312,22 @@ def save(path: Path, checkpoint: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except BaseException as e:
         tmp.unlink(missing_ok=True)
-        full = _disk_full(e) if isinstance(e, Exception) else None
+        full = _disk_full(e)
         if full is None:
             raise
-        free = shutil.disk_usage(path.parent).free
-        kept = listing(_run_dir_of(path))  # the failed write replaced none of them
-        previous = (f"the previous checkpoint {kept[-1].name} is intact (resume={path.parent.parent} continues from "
-                    "it)" if kept else "no earlier checkpoint of this run was written")
-        raise RunError(f"{os.strerror(full.errno).lower()} for checkpoint {path}: {free / 1e6:,.1f} MB free on "
-                       f"its filesystem, and the checkpoint needs more; {previous}. Free some space there") from e
+        raise _no_space(path, full) from e
     _sync_dir(path.parent)
+
+
+def _no_space(path: Path, full: OSError) -> RunError:
+    """The error a checkpoint write that met a full disk (``full``) raises: the space left, and the checkpoint
+    to resume from, which the failed write replaced no part of."""
+    free = shutil.disk_usage(path.parent).free
+    kept = listing(_run_dir_of(path))
+    previous = (f"the previous checkpoint {kept[-1].name} is intact (resume={path.parent.parent} continues from "
+                "it)" if kept else "no earlier checkpoint of this run was written")
+    return RunError(f"{os.strerror(full.errno).lower()} for checkpoint {path}: {free / 1e6:,.1f} MB free on its "
+                    f"filesystem, and the checkpoint needs more; {previous}. Free some space there")
 
 
 def _sync_dir(folder: Path) -> None:
@@ -331,13 +340,17 @@ def _sync_dir(folder: Path) -> None:
 
 
 def _disk_full(e: BaseException | None) -> OSError | None:
-    """The OSError "no space left on device" (or over quota) behind ``e``: itself, or the error torch's
-    writer met and replaced with its own."""
+    """The OSError "no space left on device" (or over quota) behind ``e``: itself, the error torch's writer
+    met and replaced with its own, or one a rank met in a sharded write (``torch.distributed.checkpoint``'s
+    exception holds every failed rank's)."""
     chain: list[BaseException] = []
     while e is not None and e not in chain:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return e
         chain.append(e)
+        for failure, _ in getattr(e, "failures", {}).values():
+            if (full := _disk_full(failure)) is not None:
+                return full
         e = e.__cause__ or e.__context__
     return None
 

@@ -275,6 +275,28 @@ def test_a_full_disk_at_checkpoint_time_says_so_and_keeps_the_previous_checkpoin
     assert torch.equal(checkpoint.load(first)["weights"], torch.zeros(1000))
 
 
+def test_a_full_disk_during_a_sharded_checkpoint_says_so_and_keeps_the_previous_one(small_disk):
+    # What every rank of strategy=fsdp calls; one process writes all the shards here (torch's no-process-group mode).
+    from rltrain.sharded_checkpoint import Part
+    from rltrain.strategies.base import Single
+
+    run_dir = small_disk / "run"
+    small, big = torch.nn.Linear(10, 10), torch.nn.Linear(1000, 1000)  # 4 MB
+    first = checkpoint.path_for(run_dir, 64, sharded=True)
+    checkpoint.save_sharded(first, {"policy": Part(small)}, lambda: {"format": checkpoint.FORMAT}, Single())
+    second = checkpoint.path_for(run_dir, 128, sharded=True)
+    with pytest.raises(RunError) as e:
+        checkpoint.save_sharded(second, {"policy": Part(big)}, lambda: {"format": checkpoint.FORMAT}, Single())
+    assert str(e.value).startswith(f"no space left on device for checkpoint {second}: ")
+    assert (" MB free on its filesystem, and the checkpoint needs more; the previous checkpoint "
+            f"frames_000000000064.dcp is intact (resume={run_dir} continues from it). Free some space there"
+            ) in str(e.value)
+    assert checkpoint.listing(run_dir) == [first] and sorted(os.listdir(first.parent)) == [first.name]  # no .tmp
+    loaded = torch.nn.Linear(10, 10)
+    checkpoint.sharded_checkpoint.read(first, {"policy": Part(loaded)}, sharded=False)
+    assert torch.equal(loaded.weight, small.weight)
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
 def test_a_write_that_meets_enospc_is_a_full_disk_whatever_torch_says(tmp_path):
     # The kernel's own ENOSPC, for every user: the temporary file a checkpoint is written to is /dev/full.
