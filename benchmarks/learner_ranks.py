@@ -174,11 +174,11 @@ def sharded(ctx) -> list[Table]:
                  ratio_to=BASELINE, ratio_header="{peer} / 1 process", ratio_mode="over")
     push.rows.append(Row(label, {c: Stat([r["push"] for r in runs[c]], "ms") for c in push.columns},
                          target="<= 1.5x", goals=(Goal(SHARDED_COPY, at_most=1.5),)))
-    push.notes.append("a sharded push all-gathers each weight over the ranks, its rows landing in the shared-memory "
-                      "slot; one process copies its own weights. On the CPU gloo's all-gather over loopback bounds "
-                      "it: the 75M model's 298 MB take 265-300 ms to gather, alone (170 all_gather_into_tensor "
-                      "calls; one broadcast of the 298 MB takes 110 ms). NCCL on GPUs gathers at the link's speed "
-                      "(not measured here)")
+    push.notes.append("the ranks of one machine share the slots (rltrain/sync/node_shared.py): each copies its own "
+                      "rows of every weight into place, at once, and a barrier ends the push; one process copies all "
+                      "its weights with both cores. Both are bound by memory bandwidth (a rank's 149 MB take 33-36 "
+                      "ms, the two ranks together). Ranks on several machines all-gather instead (gloo on loopback: "
+                      "265-300 ms for the 298 MB)")
     return [memory, tokens, push]
 
 

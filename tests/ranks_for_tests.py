@@ -8,7 +8,9 @@ completions of different lengths on each rank (``generate_apart``)."""
 from __future__ import annotations
 
 import functools
+import multiprocessing
 import sys
+from pathlib import Path
 
 import torch
 from tensordict import TensorDict
@@ -23,6 +25,7 @@ from rltrain.llm.tasks import ReverseDigits
 from rltrain.process_groups import exit_without_teardown
 from rltrain.strategies import DDP, FSDP, Single
 from rltrain.sync.base import FlatBuffer, named_weights
+from rltrain.sync.node_shared import shared_slots
 
 STEPS, ENVS = 16, 8
 
@@ -84,17 +87,34 @@ def main(out: str, algo_name: str = "ppo", model_dir: str = "", strategy_name: s
 
 
 def push_snapshot(strategy, out: str) -> None:
-    """What a push from sharded weights copies: rows the ranks divide evenly (gathered straight into the
-    snapshot) and rows they do not (5 over 2 ranks: DTensor's own gather), beside the weights made whole."""
+    """What a push from sharded weights copies, beside the weights made whole: into a rank's own snapshot (as on
+    several machines: rows the ranks divide evenly gathered straight into it, rows they do not, 5 over 2 ranks,
+    by DTensor's own gather), and into the slots the ranks of one machine share (every rank writes its rows),
+    as every rank reads them; what a process spawned by the last rank writes into a shared slot, as rank 0
+    reads it; the slot files left in /dev/shm."""
     torch.manual_seed(0)
     module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 5))
     whole = {k: v.clone() for k, v in named_weights(module).items()}
     strategy.wrap(module)
     snapshot = FlatBuffer.like(module, shared=False)
     snapshot.copy_from(named_weights(module))
+    slots = shared_slots(named_weights(module), 2, pinned=False)
+    slots[1].copy_from(named_weights(module))
+    shared = strategy.gather_to_main({k: v.clone() for k, v in slots[1].views.items()})
+    if strategy.rank == strategy.size - 1:
+        child = multiprocessing.get_context("spawn").Process(target=_fill, args=(slots[0], "1.bias", 7.0))
+        child.start()
+        child.join(60)
+    strategy.gather(None)  # (the child has written)
     if strategy.is_main:
-        torch.save({"whole": whole, "pushed": dict(snapshot.views)}, out)
+        torch.save({"whole": whole, "pushed": dict(snapshot.views), "shared": shared,
+                    "slots": type(slots[0]).__name__, "written_by_child": slots[0].views["1.bias"].clone(),
+                    "left": sorted(p.name for p in Path("/dev/shm").glob("rltrain-slots-*"))}, out)
     finish(strategy, None, {}, None)
+
+
+def _fill(slot: FlatBuffer, name: str, value: float) -> None:
+    slot.views[name].fill_(value)
 
 
 def generate_apart(strategy, model_dir: str, out: str) -> None:

@@ -110,6 +110,24 @@ def test_an_fsdp_checkpoint_resumes_on_one_process_and_back_on_two_ranks(tmp_pat
     assert summary["status"] == "completed" and summary["frames"] == 3840 and summary["updates"] == 30
     rows = learning_rows(tmp_path / "outputs/run")
     assert rows[-1]["reward/mean"] > rows[0]["reward/mean"]  # it went on learning across the three
+    # 2 ranks -> 3 (a global batch of 12 groups, 4 a rank): the rows of each weight split 3 ways now (unevenly
+    # where 3 does not divide them), each rank reading its rows from the 2 ranks' shards, then writing its own.
+    # With a learning rate of 1e-30 the weights stay as they were loaded: the 3 ranks' checkpoint must hold the
+    # 2 ranks' weights (to 1e-20: an exact zero, a bias, moves by 1e-30 a step).
+    three = torchrun(*FSDP, *run, "resume=outputs/run", "collector.frames_per_batch=96", "trainer.total_frames=4800",
+                     "algo.lr=1e-30", cwd=tmp_path, nproc=3)
+    assert three.returncode == 0, three.stderr
+    assert "resumed at 3,840 frames" in three.stdout + three.stderr
+    *_, before, last = checkpoint.listing(tmp_path / "outputs/run")
+    assert (before.name, last.name) == ("frames_000000003840.dcp", "frames_000000004800.dcp")
+    assert {"__0_0.distcp", "__1_0.distcp", "__2_0.distcp"} <= {f.name for f in last.iterdir()}
+    weights = []
+    for saved in (before, last):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir())
+        sharded_checkpoint.read(saved, sharded_checkpoint.parts_of({"policy": (model, None)}), sharded=False)
+        weights.append(model.state_dict())
+    for name, weight in weights[0].items():
+        assert torch.allclose(weights[1][name], weight, rtol=0, atol=1e-20), name
 
 
 def test_pushes_from_fsdp_ranks_give_each_ranks_engine_copy_the_learners_weights(tmp_path):
@@ -144,13 +162,22 @@ def test_ranks_generating_completions_of_different_lengths_through_the_sharded_m
     assert len(ranks[0][0]) == 2 and len(ranks[1][0]) == 6
 
 
-def test_a_push_gathers_sharded_weights_whole_whether_or_not_the_ranks_divide_their_rows(tmp_path):
-    # each rank's rows land in the snapshot directly where they split evenly (4 rows), DTensor's gather does it
-    # where they do not (5 rows over 2 ranks: 3 and 2)
-    result = _update_on(tmp_path / "push.pt", 2, "push", "-", "fsdp")
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_a_push_gathers_sharded_weights_whole_whether_or_not_the_ranks_divide_their_rows(ranks, tmp_path):
+    # Into each rank's own snapshot (ranks on several machines): each rank's rows land in it directly where they
+    # split evenly (4 rows over 2), DTensor's gather does it where they do not (5 rows over 2: 3 and 2). Into
+    # the slots the ranks of one machine share: each rank writes its rows (3 ranks: 2, 2 and 0 of 4 rows), and
+    # every rank reads the whole weights; a process an engine runs in maps the same memory; /dev/shm is left empty.
+    result = _update_on(tmp_path / "push.pt", ranks, "push", "-", "fsdp")
     assert result["whole"].keys() == result["pushed"].keys() == {"0.weight", "0.bias", "1.weight", "1.bias"}
     for name, weight in result["whole"].items():
         assert torch.equal(result["pushed"][name], weight), name
+    assert result["slots"] == "NodeBuffer" and len(result["shared"]) == ranks
+    for rank, seen in enumerate(result["shared"]):
+        for name, weight in result["whole"].items():
+            assert torch.equal(seen[name], weight), (rank, name)
+    assert torch.equal(result["written_by_child"], torch.full((5,), 7.0))
+    assert result["left"] == []
 
 
 @pytest.mark.parametrize("args, says", [

@@ -189,28 +189,38 @@ class FlatBuffer:
     transfer, and waits for it once.
     """
 
-    def __init__(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]], shared: bool, pinned: bool = False):
+    def __init__(self, layout: dict[str, tuple[tuple[int, ...], torch.dtype]], shared: bool, pinned: bool = False,
+                 buffer: torch.Tensor | None = None):
+        """``buffer``: bytes to lay the tensors out in (``nbytes(layout)`` of them, shared with other processes
+        already), instead of a buffer of its own."""
         self.layout = layout
-        offsets, total = {}, 0
-        for name, (shape, dtype) in layout.items():
-            offsets[name] = total
-            nbytes = torch.Size(shape).numel() * dtype.itemsize
-            total += -(-nbytes // _ALIGN) * _ALIGN
-        self.buffer = torch.zeros(max(total, _ALIGN), dtype=torch.uint8)
-        if shared:
-            self.buffer.share_memory_()
-            if pinned:
-                _register_with_cuda(self.buffer)
-        elif pinned:
-            self.buffer = self.buffer.pin_memory()
-        self._offsets = offsets
-        self.views = _views(self.buffer, layout, offsets)
+        self._offsets, total = _offsets(layout)
+        if buffer is None:
+            buffer = torch.zeros(total, dtype=torch.uint8)
+            if shared:
+                buffer.share_memory_()
+            elif pinned:
+                buffer = buffer.pin_memory()
+        if shared and pinned:
+            _register_with_cuda(buffer)
+        self.buffer = buffer
+        self.views = _views(self.buffer, layout, self._offsets)
         self._gather: dict[str, torch.Tensor] | None = None  # views of the GPU block (a GPU learner's)
         self._gather_buffer: torch.Tensor | None = None
+
+    @staticmethod
+    def nbytes(layout: dict[str, tuple[tuple[int, ...], torch.dtype]]) -> int:
+        """The size of the buffer that holds ``layout``."""
+        return _offsets(layout)[1]
 
     def offset(self, name: str) -> int:
         """Where ``name``'s bytes start in ``buffer``."""
         return self._offsets[name]
+
+    def file(self) -> tuple[int, int]:
+        """The shared-memory file that holds the buffer, as a descriptor of this process, and its size (for
+        another process of this machine to map it)."""
+        return self.buffer.untyped_storage()._share_fd_cpu_()
 
     @classmethod
     def like(cls, policy: nn.Module, shared: bool, pinned: bool = False) -> FlatBuffer:
@@ -284,6 +294,16 @@ class FlatBuffer:
                 problems.append(f"{name}: learner {es} {ed}, collector {as_} {ad}")
         if problems:
             raise SyncError("weight snapshot does not match the collector's policy: " + "; ".join(sorted(problems)))
+
+
+def _offsets(layout: dict) -> tuple[dict[str, int], int]:
+    """Where each weight of ``layout`` starts in a flat buffer (each on a cache line), and the buffer's size."""
+    offsets, total = {}, 0
+    for name, (shape, dtype) in layout.items():
+        offsets[name] = total
+        nbytes = torch.Size(shape).numel() * dtype.itemsize
+        total += -(-nbytes // _ALIGN) * _ALIGN
+    return offsets, max(total, _ALIGN)
 
 
 def _views(buffer: torch.Tensor, layout: dict, offsets: dict[str, int]) -> dict[str, torch.Tensor]:

@@ -37,6 +37,7 @@ from rltrain.sync.base import (
     named_weights,
     on_gpu,
 )
+from rltrain.sync.node_shared import shared_slots
 
 
 class _FileLock:
@@ -132,24 +133,34 @@ class _SharedMemSender(WeightSender):
 
     def push(self) -> int:
         shared, n_slots = self._shared, len(self._shared.slots)
-        deadline = time.monotonic() + shared.timeout_s
-        while True:
-            with shared.locked():
-                busy = {int(shared.word) % n_slots, *(int(p) for p in shared.pins)}
-                free = [s for s in range(n_slots) if s not in busy]
-            if free:
-                break
-            if time.monotonic() > deadline:
-                raise SyncError(f"shared_mem: every weight slot stayed in use for {shared.timeout_s}s; "
-                                "a collector is not polling for new weights")
-            time.sleep(0.0002)
-        slot = free[0]
+        slot = self._free_slot()
         shared.slots[slot].copy_from(self._weights_of(self._policy))  # nobody reads this slot: unpublished, unpinned
         version = self.version + 1
         with shared.locked():
             shared.word.fill_(version * n_slots + slot)
         self.version = version
         return version
+
+    def _free_slot(self) -> int:
+        """A slot neither published nor pinned, waiting up to ``timeout_s`` for one. Slots that the ranks of a
+        sharded learner share (``NodeBuffer``) are written by all of them: the slot must be free on every rank,
+        and the ranks decide together, at each look, whether to go on waiting."""
+        shared, n_slots = self._shared, len(self._shared.slots)
+        anywhere = getattr(shared.slots[0], "anywhere", None)
+        deadline = time.monotonic() + shared.timeout_s
+        while True:
+            with shared.locked():
+                busy = [s == int(shared.word) % n_slots or any(int(p) == s for p in shared.pins)
+                        for s in range(n_slots)]
+            late = time.monotonic() > deadline
+            if anywhere is not None:
+                *busy, late = anywhere([*busy, late])
+            if not all(busy):
+                return busy.index(False)
+            if late:
+                raise SyncError(f"shared_mem: every weight slot stayed in use for {shared.timeout_s}s; "
+                                "a collector is not polling for new weights")
+            time.sleep(0.0002)
 
     def published(self) -> dict[str, torch.Tensor]:
         # The published slot is never written while it is published, and pushes happen on this thread.
@@ -211,8 +222,7 @@ class SharedMemSync(WeightSyncScheme):
     def sender(self, policy: nn.Module, version: int = 0) -> WeightSender:
         # A GPU learner's slots are page-locked: each push is one device-to-host copy into a free slot.
         weights = self.weights_of(policy)
-        layout = {name: (tuple(t.shape), t.dtype) for name, t in weights.items()}
-        slots = [FlatBuffer(layout, shared=True, pinned=on_gpu(policy)) for _ in range(self.n_slots)]
+        slots = shared_slots(weights, self.n_slots, pinned=on_gpu(policy))  # (a sharded learner's ranks': shared)
         slots[0].copy_from(weights)  # the initial weights, in slot 0
         self._shared = _Shared(slots, self.timeout_s)
         self._shared.word.fill_(version * self.n_slots)

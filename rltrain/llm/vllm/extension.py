@@ -20,7 +20,7 @@ PROTOCOL = 2  # the extension's methods and what they take; a server running ano
 def slot_address(slot) -> dict:
     """Where another process of this machine (and user) maps ``slot`` (a shared FlatBuffer): the path
     of its shared-memory file under /proc, its size, and each weight's place in it."""
-    fd, nbytes = slot.buffer.untyped_storage()._share_fd_cpu_()
+    fd, nbytes = slot.file()
     stat = os.fstat(fd)
     return {"protocol": PROTOCOL, "path": f"/proc/{os.getpid()}/fd/{fd}", "nbytes": nbytes,
             "file": [stat.st_dev, stat.st_ino],  # what the path must name where the server opens it
