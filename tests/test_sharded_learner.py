@@ -5,6 +5,7 @@ of 2 processes."""
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -167,8 +168,14 @@ def test_a_push_gathers_sharded_weights_whole_whether_or_not_the_ranks_divide_th
     # Into each rank's own snapshot (ranks on several machines): each rank's rows land in it directly where they
     # split evenly (4 rows over 2), DTensor's gather does it where they do not (5 rows over 2: 3 and 2). Into
     # the slots the ranks of one machine share: each rank writes its rows (3 ranks: 2, 2 and 0 of 4 rows), and
-    # every rank reads the whole weights; a process an engine runs in maps the same memory; /dev/shm is left empty.
+    # every rank reads the whole weights; a process an engine runs in maps the same memory; /dev/shm is left empty
+    # (of a killed run's slot file too).
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    killed = Path(f"/dev/shm/rltrain-slots-{ended.pid}-0")  # what a process killed as it made its slots leaves
+    killed.write_bytes(b"0" * 64)
     result = _update_on(tmp_path / "push.pt", ranks, "push", "-", "fsdp")
+    assert not killed.exists()
     assert result["whole"].keys() == result["pushed"].keys() == {"0.weight", "0.bias", "1.weight", "1.bias"}
     for name, weight in result["whole"].items():
         assert torch.equal(result["pushed"][name], weight), name

@@ -8,7 +8,8 @@ place, a barrier says the slot is whole, and every rank's engine reads that one 
 rank a copy of its shard, not a gather of the whole.
 
 The slots live in one file of /dev/shm that the first rank creates and removes once every rank has opened it
-(the kernel frees the memory with the last mapping). A slot handed to another process (an engine's) travels
+(the kernel frees the memory with the last mapping); one left by a process killed in between is removed the
+next time slots are made. A slot handed to another process (an engine's) travels
 as its open file. Where the ranks span machines, or /dev/shm is missing, the slots are each rank's own and
 a push gathers as before (``FlatBuffer.copy_from``).
 """
@@ -131,6 +132,7 @@ def _open_together(nbytes: int, group: dist.ProcessGroup) -> int:
     it in /dev/shm, every rank opens it, and rank 0 removes its name."""
     path = [None]
     if dist.get_rank(group) == 0:
+        _sweep()
         path[0] = str(_SHM / f"{_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:12]}")
         fd = os.open(path[0], os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         os.ftruncate(fd, nbytes)
@@ -141,6 +143,18 @@ def _open_together(nbytes: int, group: dist.ProcessGroup) -> int:
     if dist.get_rank(group) == 0:
         os.unlink(path[0])  # every rank holds it open: the memory stays until the last descriptor and mapping go
     return fd
+
+
+def _sweep() -> None:
+    """Remove the slot files of processes that are gone: killed (SIGKILL) in the moment between making a file
+    and removing its name, they could not remove it."""
+    for path in _SHM.glob(f"{_PREFIX}*"):
+        try:
+            os.kill(int(path.name.removeprefix(_PREFIX).split("-")[0]), 0)
+        except ProcessLookupError:
+            path.unlink(missing_ok=True)
+        except (ValueError, PermissionError):  # not a name of ours, or another user's live process
+            continue
 
 
 def _mapped(fd: int, nbytes: int) -> torch.Tensor:
