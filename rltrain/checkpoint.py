@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+from torch.distributed.checkpoint.api import CheckpointException
 
 from rltrain import sharded_checkpoint
 from rltrain.algos.finite import nonfinite_weights
@@ -348,7 +349,7 @@ def _disk_full(e: BaseException | None) -> OSError | None:
         if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
             return e
         chain.append(e)
-        for failure, _ in getattr(e, "failures", {}).values():
+        for failure, _ in (e.failures.values() if isinstance(e, CheckpointException) else ()):
             if (full := _disk_full(failure)) is not None:
                 return full
         e = e.__cause__ or e.__context__

@@ -297,6 +297,19 @@ def test_a_full_disk_during_a_sharded_checkpoint_says_so_and_keeps_the_previous_
     assert torch.equal(loaded.weight, small.weight)
 
 
+def test_shared_weight_slots_that_do_not_fit_in_dev_shm_say_so_and_leave_nothing(small_disk, monkeypatch):
+    # what rank 0 of a sharded learner does as it makes the slots its ranks share (a container's /dev/shm is
+    # often 64 MB): a clean error told to every rank, not a bus error at the first write
+    from rltrain.sync import node_shared
+
+    monkeypatch.setattr(node_shared, "_SHM", small_disk)
+    paths, error, fds = node_shared._make(4_000_000, 3)
+    assert paths is None and fds == [] and os.listdir(small_disk) == []
+    assert error.startswith(f"sync: the 3 weight slots need 12 MB of shared memory, and {small_disk} has ")
+    assert error.endswith("MB free: give this machine (or container) more shared memory (docker run "
+                          "--shm-size=...), or lower sync.slots")
+
+
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full on this system")
 def test_a_write_that_meets_enospc_is_a_full_disk_whatever_torch_says(tmp_path):
     # The kernel's own ENOSPC, for every user: the temporary file a checkpoint is written to is /dev/full.

@@ -26,7 +26,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-        set_model_state_dict,
+    set_model_state_dict,
 )
 from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor

@@ -149,12 +149,20 @@ class _SharedMemSender(WeightSender):
         anywhere = getattr(shared.slots[0], "anywhere", None)
         deadline = time.monotonic() + shared.timeout_s
         while True:
-            with shared.locked():
-                busy = [s == int(shared.word) % n_slots or any(int(p) == s for p in shared.pins)
-                        for s in range(n_slots)]
+            failed = None
+            try:
+                with shared.locked():
+                    busy = [s == int(shared.word) % n_slots or any(int(p) == s for p in shared.pins)
+                            for s in range(n_slots)]
+            except SyncError as e:  # (told to the other ranks first: none is left waiting)
+                failed, busy = e, [True] * n_slots
             late = time.monotonic() > deadline
             if anywhere is not None:
-                *busy, late = anywhere([*busy, late])
+                *busy, late, stopped = anywhere([*busy, late, failed is not None])
+                if stopped and failed is None:
+                    raise SyncError("shared_mem: another rank of the learner could not take its weight-sync lock")
+            if failed is not None:
+                raise failed
             if not all(busy):
                 return busy.index(False)
             if late:
