@@ -149,3 +149,19 @@ class PushOnlyEngine(PlainSamplingEngine):
     """An engine that says it takes pushes only (as an engine behind a weight-transfer API would)."""
 
     WEIGHTS = ("push",)
+
+
+# Tools of a language environment (rltrain.llm.tools), with the faults users meet.
+
+def tool_that_raises(x: str) -> str:
+    """Divides one by zero."""
+    return str(1 / (len(x) - len(x)))
+
+
+def tool_that_hangs(x: str) -> str:
+    """Never answers."""
+    while True:
+        time.sleep(1)
+
+
+NOT_A_TOOL = 42

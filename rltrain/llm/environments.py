@@ -1,0 +1,184 @@
+"""Language environments: episodes of several turns, the multi-turn counterpart of a task.
+
+An environment is one object per run. ``reset(row)`` opens an episode on a row of its task (the stream of rows
+that ``rows()`` gives, resumable like any task): the episode's state, and the opening messages. After each of
+the model's turns, ``step(state, reply)`` answers with a ``Step``: the messages the environment appends (a tool's
+result, a game's next position, a simulated user's reply), a reward for the turn, whether the episode is over,
+and the episode's next state. Messages are OpenAI-style dicts (``role``, ``content``), so a chat template can
+render them; the state is the environment's own (plain values: the episode's secret, its turn count).
+
+Your own environment is a ``_target_`` away: a class with ``rows()``, ``reset(row)`` and ``step(state, reply)``
+(``LanguageEnv`` documents them; ``close()`` is optional). Its rewards are its steps' rewards, summed over the
+turns, plus the run's reward functions on the final reply (``env.rewards``), if it names any.
+
+Built in:
+- ``ToolEnv``: the model calls Python functions (``rltrain.llm.tools``) by writing ``<tool>NAME(ARGUMENTS)
+  </tool>``; each call's result is the next message (role ``tool``). A turn without a call is the final answer,
+  which ends the episode. ``KeyLookup`` is its task: the value stored under a key, which only the ``lookup``
+  tool knows.
+- ``GuessNumber``: the model guesses a secret number and hears "higher" or "lower" until it is right or out of
+  turns; the reward is 1 for the right number, less a share per wrong guess.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+from rltrain.errors import ConfigError
+from rltrain.llm.tasks import Task
+from rltrain.llm.tools import ToolRunner, lookup_value, parse_calls
+from rltrain.rules import Integer, OneOf, PositiveInt, PositiveNumber
+
+ON_TOOL_ERROR = OneOf(("observe", "fail"), "observe (the model sees the tool's error) or fail (the run stops)")
+INTERFACE = ("rows", "reset", "step")  # what a language environment must have (close is optional)
+
+
+@dataclass
+class Step:
+    """What the environment answers to one of the model's turns: ``messages`` appended to the conversation
+    (none when the episode ends with nothing more to say), the turn's ``reward``, whether the episode is
+    ``done``, the episode's next ``state``, and ``counts`` of what happened (``tool_calls``, ``tool_errors``:
+    summed into the batch's metrics)."""
+
+    messages: list[dict] = field(default_factory=list)
+    reward: float = 0.0
+    done: bool = False
+    state: Any = None
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class LanguageEnv(ABC):
+    """The interface of a language environment (see the module's docstring)."""
+
+    @abstractmethod
+    def rows(self) -> Task:
+        """The task whose rows open the episodes (a stream a checkpoint saves the position of)."""
+
+    @abstractmethod
+    def reset(self, row: dict) -> tuple[Any, list[dict]]:
+        """Open an episode on ``row``: its state, and the opening messages (at least one)."""
+
+    @abstractmethod
+    def step(self, state: Any, reply: str) -> Step:
+        """The environment's answer to the model's turn ``reply`` in the episode whose state is ``state``."""
+
+    def close(self) -> None:
+        """Release what the environment holds (a tool process)."""
+
+
+def check_interface(env: object, key: str = "env") -> None:
+    """A ConfigError naming each method of the interface that ``env`` (a user's ``_target_``) lacks."""
+    missing = [name for name in INTERFACE if not callable(getattr(env, name, None))]
+    if missing:
+        raise ConfigError(f"{key}: {type(env).__module__}.{type(env).__name__} has no {', '.join(missing)} "
+                          f"method{'s' if len(missing) > 1 else ''}; a language environment has rows(), "
+                          "reset(row) and step(state, reply) (rltrain.llm.environments.LanguageEnv)")
+
+
+class KeyLookup(Task):
+    """``value of k37?`` -> the value ``lookup(k37)`` returns: a task that cannot be solved without the tool."""
+
+    def __init__(self, keys: PositiveInt = 100, seed: int = 0, split: str = "train"):
+        super().__init__(seed, split)
+        Integer(1).check("env.rows.keys", keys)
+        self.keys = keys
+
+    def row(self, rng: random.Random) -> dict[str, str]:
+        key = f"k{rng.randrange(self.keys)}"
+        return {"prompt": f"value of {key}?", "key": key, "answer": lookup_value(key)}
+
+
+class ToolEnv(LanguageEnv):
+    """The model calls ``tools`` (``module.function`` paths); see the module's docstring. ``instructions``: a
+    system message telling the model the syntax and the tools (their first docstring lines); off for a model
+    that learns the syntax from rewards alone (the tiny one, whose context is short)."""
+
+    def __init__(self, rows: Task | None = None, tools: tuple[str, ...] = ("rltrain.llm.tools.lookup",),
+                 timeout_s: PositiveNumber = 10.0, on_tool_error: Annotated[str, ON_TOOL_ERROR] = "observe",
+                 instructions: bool = False):
+        ON_TOOL_ERROR.check("env.on_tool_error", on_tool_error)
+        self._rows = rows if rows is not None else KeyLookup()
+        self.runner = ToolRunner(list(tools), timeout_s, on_tool_error)
+        self.instructions = instructions
+
+    def rows(self) -> Task:
+        return self._rows
+
+    def reset(self, row: dict) -> tuple[Any, list[dict]]:
+        messages = [{"role": "user", "content": row["prompt"]}]
+        if self.instructions:
+            messages.insert(0, {"role": "system", "content": describe_tools(self.runner.tools)})
+        return None, messages
+
+    def step(self, state: Any, reply: str) -> Step:
+        calls = parse_calls(reply, self.runner.tools)
+        if not calls:  # the final answer
+            return Step(done=True)
+        messages, errors = [], 0
+        for call in calls:
+            text, failed = self.runner.run(call)
+            errors += failed
+            messages.append({"role": "tool", "name": call.name, "content": text})
+        return Step(messages, counts={"tool_calls": len(calls), "tool_errors": errors})
+
+    def close(self) -> None:
+        self.runner.close()
+
+
+def describe_tools(tools: dict) -> str:
+    """A system message: the call syntax, and each tool with the first line of its docstring."""
+    lines = ["Call a tool by writing <tool>NAME(ARGUMENTS)</tool>; its result comes back. Answer without a call."]
+    for name, tool in tools.items():
+        doc = (tool.__doc__ or "").strip().splitlines()
+        lines.append(f"- {name}: {doc[0] if doc else ''}".rstrip(": "))
+    return "\n".join(lines)
+
+
+class SecretNumbers(Task):
+    """Secret numbers from ``low`` to ``high``, for ``GuessNumber``."""
+
+    def __init__(self, low: int = 1, high: int = 8, seed: int = 0, split: str = "train"):
+        super().__init__(seed, split)
+        if high <= low:
+            raise ConfigError(f"env.rows.high ({high}) must be above env.rows.low ({low})")
+        self.low, self.high = low, high
+
+    def row(self, rng: random.Random) -> dict[str, str]:
+        secret = rng.randint(self.low, self.high)
+        return {"prompt": f"guess {self.low}-{self.high}:", "answer": str(secret), "low": self.low,
+                "high": self.high}
+
+
+_GUESS = re.compile(r"-?\d+")
+
+
+class GuessNumber(LanguageEnv):
+    """Guess the secret number: each turn's first integer is the guess, answered ``higher`` or ``lower``. The
+    episode ends at the right number (reward 1 less ``penalty`` per wrong guess before it, at least 0) or
+    after ``max_guesses`` wrong ones (reward 0). A turn without a number is a wrong guess, answered ``a
+    number?``."""
+
+    def __init__(self, rows: Task | None = None, max_guesses: PositiveInt = 4, penalty: float = 0.25):
+        Integer(1).check("env.max_guesses", max_guesses)
+        self._rows = rows if rows is not None else SecretNumbers()
+        self.max_guesses, self.penalty = max_guesses, penalty
+
+    def rows(self) -> Task:
+        return self._rows
+
+    def reset(self, row: dict) -> tuple[Any, list[dict]]:
+        return {"secret": int(row["answer"]), "wrong": 0}, [{"role": "user", "content": row["prompt"]}]
+
+    def step(self, state: Any, reply: str) -> Step:
+        found = _GUESS.search(reply)
+        if found is not None and int(found.group()) == state["secret"]:
+            return Step(reward=max(0.0, 1.0 - self.penalty * state["wrong"]), done=True, state=state)
+        state = {**state, "wrong": state["wrong"] + 1}
+        if state["wrong"] >= self.max_guesses:
+            return Step(done=True, state=state)
+        hint = "a number?" if found is None else "higher" if int(found.group()) < state["secret"] else "lower"
+        return Step([{"role": "user", "content": hint}], state=state)

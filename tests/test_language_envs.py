@@ -1,0 +1,120 @@
+"""Language environments of several turns (rltrain.llm.environments) and the tools a model calls
+(rltrain.llm.tools): the call syntax, tools run in a process of their own and cut at their timeout, the
+built-in tool env and game, and the refusals."""
+
+from __future__ import annotations
+
+import pytest
+
+from rltrain.errors import ConfigError
+from rltrain.llm.environments import GuessNumber, KeyLookup, ToolEnv, check_interface
+from rltrain.llm.tools import ToolError, ToolRunner, calculator, load_tools, lookup, parse_calls
+
+TOOLS = {"lookup": lookup, "calculator": calculator}
+
+
+def test_calls_are_parsed_in_order_and_a_call_that_cannot_run_says_why():
+    calls = parse_calls("first <tool>lookup(k3)</tool> then <tool> calculator( 2*(3+4), 1 ) </tool> done", TOOLS)
+    assert [(c.name, c.arguments, c.problem) for c in calls] == [("lookup", ("k3",), None),
+                                                                 ("calculator", ("2*(3+4), 1",), None)]
+    assert parse_calls("no call here, <tool>lookup(k3)", TOOLS) == []  # unclosed: not a call
+    [unknown, bad, empty] = parse_calls("<tool>search(x)</tool><tool>lookup k3</tool><tool>lookup()</tool>", TOOLS)
+    assert unknown.problem == "no tool 'search'; the tools are calculator, lookup"
+    assert bad.problem == "a call is written <tool>NAME(ARGUMENTS)</tool>"
+    assert empty.problem == "lookup takes 1 argument, got 0"
+
+
+def test_the_calculator_does_arithmetic_and_nothing_else():
+    assert calculator("2*(3+4) - 10/4") == "11.5" and calculator("7//2") == "3" and calculator("-2**3") == "-8"
+    for bad in ("__import__('os')", "2**1000", "x+1"):
+        with pytest.raises(ValueError):
+            calculator(bad)
+
+
+def test_tools_run_in_a_process_of_their_own_errors_are_observations_and_a_hang_is_cut():
+    runner = ToolRunner(["rltrain.llm.tools.lookup", "tests.parts_for_tests.tool_that_raises",
+                         "tests.parts_for_tests.tool_that_hangs"], timeout_s=1.0)
+    try:
+        [call] = parse_calls("<tool>lookup(k3)</tool>", runner.tools)
+        assert runner.run(call) == (lookup("k3"), False)
+        [raises] = parse_calls("<tool>tool_that_raises(abc)</tool>", runner.tools)
+        text, failed = runner.run(raises)
+        assert failed and text.startswith("error: ZeroDivisionError: division by zero (line ")
+        [hangs] = parse_calls("<tool>tool_that_hangs(abc)</tool>", runner.tools)
+        first = runner._child.process
+        assert runner.run(hangs) == ("error: tool_that_hangs did not answer within 1s", True)
+        assert not first.is_alive()  # cut: killed, and a fresh process takes the next call
+        assert runner.run(call) == (lookup("k3"), False)
+        [unknown] = parse_calls("<tool>nope(1)</tool>", runner.tools)
+        assert runner.run(unknown) == ("error: no tool 'nope'; the tools are lookup, tool_that_hangs, "
+                                       "tool_that_raises", True)
+    finally:
+        last = runner._child.process
+        runner.close()
+    assert not last.is_alive()
+
+
+def test_a_tool_that_raises_can_fail_the_run_naming_the_tool_and_the_call():
+    runner = ToolRunner(["tests.parts_for_tests.tool_that_raises"], on_error="fail")
+    try:
+        with pytest.raises(ToolError, match=r"^tool tool_that_raises raised on the call "
+                                            r"<tool>tool_that_raises\(abc\)</tool>: ZeroDivisionError"):
+            runner.run(parse_calls("<tool>tool_that_raises(abc)</tool>", runner.tools)[0])
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("paths, says", [
+    (["rltrain.llm.tools.search"], "env.tools: 'rltrain.llm.tools.search' does not import (AttributeError"),
+    (["no_such_module.f"], "env.tools: 'no_such_module.f' does not import (ModuleNotFoundError"),
+    (["tests.parts_for_tests.NOT_A_TOOL"], "env.tools: 'tests.parts_for_tests.NOT_A_TOOL' is a int, not a function"),
+    ([], "env.tools must list at least one tool"),
+])
+def test_a_tool_that_does_not_import_or_is_not_callable_is_refused_in_one_line(paths, says):
+    with pytest.raises(ConfigError) as e:
+        load_tools(paths)
+    assert str(e.value).startswith(says) and "\n" not in str(e.value)
+
+
+def test_the_tool_env_answers_each_call_with_its_result_and_ends_at_a_turn_without_one():
+    env = ToolEnv(KeyLookup(seed=1), timeout_s=5)
+    try:
+        [row] = env.rows().take(1)
+        assert row["answer"] == lookup(row["key"]) and row["prompt"] == f"value of {row['key']}?"
+        state, opening = env.reset(row)
+        assert opening == [{"role": "user", "content": row["prompt"]}]
+        step = env.step(state, f"<tool>lookup({row['key']})</tool>")
+        assert step.messages == [{"role": "tool", "name": "lookup", "content": row["answer"]}]
+        assert not step.done and step.counts == {"tool_calls": 1, "tool_errors": 0}
+        step = env.step(step.state, "<tool>lookup()</tool>")
+        assert step.messages[0]["content"] == "error: lookup takes 1 argument, got 0"
+        assert step.counts == {"tool_calls": 1, "tool_errors": 1}
+        assert env.step(step.state, row["answer"]).done
+    finally:
+        env.close()
+
+
+def test_guess_the_number_answers_higher_or_lower_and_rewards_fewer_guesses():
+    env = GuessNumber(max_guesses=3)
+    state, _ = env.reset({"prompt": "guess 1-8:", "answer": "5"})
+    first = env.step(state, "3")
+    assert first.messages == [{"role": "user", "content": "higher"}] and not first.done
+    second = env.step(first.state, "I say 7")
+    assert second.messages == [{"role": "user", "content": "lower"}]
+    right = env.step(second.state, "5")
+    assert right.done and right.reward == 0.5 and right.messages == []
+    out = env.step(env.step(second.state, "no idea").state, "6")  # a turn without a number is a wrong guess
+    assert out.done and out.reward == 0.0
+
+
+def test_an_env_missing_a_method_of_the_interface_is_refused_naming_it():
+    class Half:
+        def rows(self):
+            return KeyLookup()
+
+        def reset(self, row):
+            return None, []
+
+    with pytest.raises(ConfigError, match=r"^env: .*Half has no step method; a language environment has rows\(\), "
+                                          r"reset\(row\) and step\(state, reply\)"):
+        check_interface(Half())
