@@ -32,6 +32,7 @@ from rltrain.envs.spaces import flat_leaves
 from rltrain.envs.vector import make_envs
 from rltrain.errors import ConfigError
 from rltrain.llm.engine import Engine
+from rltrain.llm.environments import check_interface, is_language_env
 from rltrain.llm.tasks import Task
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector, missing_members
@@ -448,7 +449,28 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> Task:
         rewards.check_rows(split_rows, task.describe(split))
     prompts = [row["prompt"] for split_rows in rows.values() for row in split_rows]
     model.check_prompts(prompts, parts["collector"][1].get("max_new_tokens", 16), "collector.max_new_tokens")
+    if is_language_env(task):
+        _check_episodes(task, cfg, parts, prompts, model)
     return task
+
+
+def _check_episodes(env, cfg: DictConfig, parts: dict[str, tuple[type, dict]], prompts: list[str], model) -> None:
+    """A language environment's: the interface, an engine that takes token ids, and room for a turn."""
+    check_interface(env, f"env._target_={cfg.env._target_}")
+    engine = parts["engine"][0]
+    if not capability(engine, Engine, "TOKEN_PROMPTS"):
+        raise ConfigError(f"env={type(env).__name__} plays episodes of several turns, which need an engine that "
+                          f"takes token ids; {_label('engine', engine)} does not yet: use engine=transformers")
+    values = parts["collector"][1]
+    if values.get("max_lag"):
+        raise ConfigError("collector.max_lag=1 generates a batch during the update, and an episode of several "
+                          f"turns (env={type(env).__name__}) is played turn by turn: use collector.max_lag=0")
+    budget = values.get("max_context")
+    if budget is not None:
+        longest = max(len(model.tokenizer()(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+        if longest >= budget:
+            raise ConfigError(f"collector.max_context={budget} leaves no room for a turn after the longest opening "
+                              f"prompt ({longest} tokens); raise it above {longest}")
 
 
 def _language_algo_on_gym_env(algo: type, env_id: str) -> ConfigError:

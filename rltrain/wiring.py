@@ -13,6 +13,7 @@ import math
 from hydra.utils import get_class, get_object, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from rltrain.llm.environments import is_language_env
 from rltrain.llm.rewards import Rewards
 from rltrain.llm.tasks import Task
 from rltrain.rules import parameter_defaults
@@ -69,15 +70,17 @@ def task_rewards(cfg: DictConfig) -> Rewards:
     """The task's reward functions: each ``env.rewards`` node's function with its other keys bound
     (the task class's own rewards when the config names none), weighted by ``env.reward_weights``."""
     nodes = cfg.env.get("rewards")
+    task = get_class(cfg.env._target_)
     if nodes is None:
-        functions = dict(get_class(cfg.env._target_).REWARDS)
+        functions = dict(task.REWARDS)
     else:
         # Plain functools.partials: a reward function is called for every completion, and Hydra's own
         # partial would check the target against its policy at each call (10 ms a batch of 128).
         functions = {name: plain_partial(node) if isinstance(node, DictConfig) else node
                      for name, node in nodes.items()}
     weights = OmegaConf.to_container(cfg.env.reward_weights) if cfg.env.get("reward_weights") else {}
-    return Rewards(functions, weights, timeout_s=cfg.env.get("reward_timeout_s", Rewards.TIMEOUT_S))
+    return Rewards(functions, weights, timeout_s=cfg.env.get("reward_timeout_s", Rewards.TIMEOUT_S),
+                   required=not is_language_env(task))  # (an environment's own rewards may stand alone)
 
 
 def plain_partial(node: DictConfig, **kwargs) -> functools.partial:

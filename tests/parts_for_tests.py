@@ -20,6 +20,7 @@ from rltrain.hooks import Hook
 from rltrain.hooks.base import EVERY_UPDATE
 from rltrain.llm.engine import Engine, Generated, Sampling
 from rltrain.llm.rewards import correct_answer
+from rltrain.llm.tasks import ReverseDigits
 from rltrain.rules import InRange, NonNegativeNumber, OneOf, PositiveInt
 
 
@@ -165,3 +166,10 @@ def tool_that_hangs(x: str) -> str:
 
 
 NOT_A_TOOL = 42
+
+
+class EnvWithoutStep(ReverseDigits):
+    """A language environment that forgot ``step``."""
+
+    def reset(self, row):
+        return None, [{"role": "user", "content": row["prompt"]}]

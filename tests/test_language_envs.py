@@ -5,9 +5,11 @@ built-in tool env and game, and the refusals."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from rltrain.errors import ConfigError
-from rltrain.llm.environments import GuessNumber, KeyLookup, ToolEnv, check_interface
+from rltrain.llm.environments import GuessNumber, ToolEnv, check_interface
+from rltrain.llm.tasks import Task
 from rltrain.llm.tools import ToolError, ToolRunner, calculator, load_tools, lookup, parse_calls
 
 TOOLS = {"lookup": lookup, "calculator": calculator}
@@ -77,9 +79,9 @@ def test_a_tool_that_does_not_import_or_is_not_callable_is_refused_in_one_line(p
 
 
 def test_the_tool_env_answers_each_call_with_its_result_and_ends_at_a_turn_without_one():
-    env = ToolEnv(KeyLookup(seed=1), timeout_s=5)
+    env = ToolEnv(timeout_s=5, seed=1)
     try:
-        [row] = env.rows().take(1)
+        [row] = env.take(1)
         assert row["answer"] == lookup(row["key"]) and row["prompt"] == f"value of {row['key']}?"
         state, opening = env.reset(row)
         assert opening == [{"role": "user", "content": row["prompt"]}]
@@ -108,13 +110,73 @@ def test_guess_the_number_answers_higher_or_lower_and_rewards_fewer_guesses():
 
 
 def test_an_env_missing_a_method_of_the_interface_is_refused_naming_it():
-    class Half:
-        def rows(self):
-            return KeyLookup()
+    class Half(Task):
+        def row(self, rng):
+            return {"prompt": "p"}
 
         def reset(self, row):
             return None, []
 
-    with pytest.raises(ConfigError, match=r"^env: .*Half has no step method; a language environment has rows\(\), "
-                                          r"reset\(row\) and step\(state, reply\)"):
+    with pytest.raises(ConfigError, match=r"^env: .*Half has no step method; a language environment is a task "):
         check_interface(Half())
+
+    class Rowless:
+        def reset(self, row):
+            return None, []
+
+    with pytest.raises(ConfigError, match=r"^env: .*Rowless has no row, step methods; "):
+        check_interface(Rowless())
+    check_interface(GuessNumber())
+
+
+def test_episodes_train_on_the_engines_own_tokens_and_its_log_probs_are_the_learners():
+    # 64 episodes of the guessing game with the tiny model (random weights: wrong guesses, so several turns
+    # each): the learner's sequence is the engine's tokens and the game's answers as they were appended, and
+    # the learner's log-probs of the model's tokens equal the engine's
+    from rltrain.algos.grpo import token_logprobs
+    from rltrain.llm.engine import Sampling, TransformersEngine
+    from rltrain.llm.model import LanguageModel
+    from rltrain.llm.rewards import Rewards
+    from rltrain.llm.rollout import Conversation, Limits, as_batch, run_episodes
+    from rltrain.llm.tiny import tiny_model_dir
+
+    model = LanguageModel(str(tiny_model_dir()))
+    tokenizer = model.tokenizer()
+    engine = TransformersEngine(model.load(), tokenizer)
+    env = GuessNumber(low=1, high=9, max_guesses=3, seed=4)
+    sampling = Sampling(temperature=1.0, max_new_tokens=3)
+    conversation = Conversation(tokenizer, template=False)
+    episodes, _ = run_episodes(engine, env, conversation, env.take(16), 4, sampling, Limits(max_turns=3), seed=0)
+    assert max(e.turns for e in episodes) == 3 and sum(e.turns > 1 for e in episodes) > 32
+    for e in episodes:
+        answers = [t for t, own in zip(e.tail, e.own) if not own]
+        hints = "".join(tokenizer.decode([t]) for t in answers)
+        assert set(hints.split()) <= {"higher", "lower", "a", "number?"}  # the game's words, as appended
+    batch = as_batch(episodes, 4, sampling, Rewards({}, required=False), tokenizer.pad_token_id, 0, 0.0, 9)
+    flat = batch.reshape(-1)
+    assert torch.equal(flat["loss_mask"].sum(1), flat["episode_length"])
+    with torch.no_grad():
+        learner, _ = token_logprobs(engine.model, flat, group_size=4)
+    own = flat["loss_mask"].bool()
+    assert (learner[own] - flat["log_prob"][own]).abs().max() < 1e-4
+    assert (flat["log_prob"][~own] == 0).all()
+
+
+@pytest.mark.parametrize("overrides, says", [
+    (("env=tools", "engine=vllm"), "env=ToolEnv plays episodes of several turns, which need an engine that takes "
+                                   "token ids; engine=vllm does not yet: use engine=transformers"),
+    (("env=guess", "collector.max_context=4"), "collector.max_context=4 leaves no room for a turn after the "
+                                               "longest opening prompt (10 tokens); raise it above 10"),
+    (("env=guess", "collector.max_turns=0"), "collector.max_turns"),
+    (("env=tools", "env.tools=[tests.parts_for_tests.NOT_A_TOOL]"), "env.tools: 'tests.parts_for_tests.NOT_A_TOOL' "
+                                                                    "is a int"),
+    (("env=reverse", "env._target_=tests.parts_for_tests.EnvWithoutStep"),
+     "env._target_=tests.parts_for_tests.EnvWithoutStep: tests.parts_for_tests.EnvWithoutStep has no step method"),
+])
+def test_bad_input_for_episodes_is_refused_in_one_line_before_anything_starts(overrides, says):
+    from rltrain.validate import validate
+    from tests.conftest import make_config
+
+    with pytest.raises(ConfigError) as e:
+        validate(make_config("algo=grpo", *overrides))
+    assert says in str(e.value) and "\n" not in str(e.value), str(e.value)

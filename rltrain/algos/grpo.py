@@ -179,7 +179,8 @@ class GRPO:
         self._set_lr()
         self.frames += batch.numel() * self.strategy.size  # the whole job's completions: the schedule is global
         flat = batch.reshape(-1).to(self.device)
-        mask = flat["completion_mask"].float()
+        # the tokens that carry loss: the model's own (an episode of several turns holds the environment's too)
+        mask = flat["loss_mask" if "loss_mask" in flat.keys() else "completion_mask"].float()
         if self.mask_truncated:
             mask = mask * (~flat["truncated"]).float().unsqueeze(1)
         tokens, nonfinite = mask.sum(), (~torch.isfinite(flat["log_prob"])).any().float()
@@ -354,14 +355,22 @@ def reward_columns(batch: TensorDict) -> dict[str, torch.Tensor]:
 
 def batch_metrics(batch: TensorDict) -> dict[str, float]:
     """What a batch of completions says: each reward's mean and std (the total's, and each
-    function's), completion length, the share cut at max_new_tokens, tokens generated per second."""
+    function's), completion length (the model's tokens), the share cut at max_new_tokens (or, for episodes of
+    several turns, by a limit), tokens generated per second; and for episodes, the turns, tokens per turn, tool
+    calls and tool errors per episode."""
     metrics = {}
     for name, values in reward_columns(batch).items():
         metrics[f"{name}/mean"] = values.mean().item()
         metrics[f"{name}/std"] = values.std().item() if values.numel() > 1 else 0.0
-    tokens = float(batch["completion_mask"].sum())
+    tokens = float(batch["loss_mask" if "loss_mask" in batch.keys() else "completion_mask"].sum())  # the model's
     metrics["completion/length"] = tokens / batch.numel()
     metrics["completion/truncated"] = batch["truncated"].float().mean().item()
+    if "turns" in batch.keys():  # episodes of several turns (a language environment's)
+        turns = batch["turns"].float()
+        metrics["episode/turns"] = turns.mean().item()
+        metrics["episode/tokens_per_turn"] = tokens / max(float(turns.sum()), 1.0)
+        for name in ("tool_calls", "tool_errors"):
+            metrics[f"episode/{name}"] = batch[name].float().mean().item()
     generate_s = float(batch["generate_s"].sum())
     if generate_s > 0:
         metrics["perf/generated_tokens_per_s"] = tokens / generate_s

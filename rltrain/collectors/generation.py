@@ -31,8 +31,10 @@ from tensordict import TensorDict
 
 from rltrain.collectors.batch import batch_steps
 from rltrain.llm.engine import Engine, Sampling
+from rltrain.llm.environments import is_language_env
 from rltrain.llm.model import LanguageModel
 from rltrain.llm.rewards import Rewards
+from rltrain.llm.rollout import Conversation, Episodes, Limits, with_turn_tokens
 from rltrain.llm.tasks import Task
 from rltrain.protocols import Collector
 from rltrain.rules import Flag, OneOf, PositiveFraction, PositiveInt, PositiveNumber, Satisfies
@@ -80,6 +82,9 @@ class GenerationCollector(Collector):
         greedy: Flag = False,
         max_lag: Annotated[int, LAG] = 0,
         strategy: Strategy = Single(),
+        max_turns: PositiveInt = 4,  # a language environment's episodes: the model's turns at most
+        max_context: PositiveInt | None = None,  # ... and their tokens in all, prompt and every turn (null: no bound)
+        discount: PositiveFraction = 1.0,  # ... the environment's reward of turn t counts this ** t
     ):
         self.prompts_per_batch = batch_steps(frames_per_batch, group_size, "collector.group_size")
         self.rank, self.ranks = strategy.rank, strategy.size  # this rank's share of frames_per_batch (the factory's)
@@ -89,6 +94,12 @@ class GenerationCollector(Collector):
         self._pending: tuple[list[dict], float] | None = None  # a batch asked of the engine: its rows, and when
         self._ready: TensorDict | None = None  # a batch generated ahead, finished for a checkpoint, not yet returned
         self._failed: Exception | None = None  # what finishing a batch ahead for a checkpoint raised
+        self.env = task if is_language_env(task) else None  # episodes of several turns (rltrain.llm.rollout)
+        self.episodes: Episodes | None = None  # how its episodes are played (the eval hook plays them alike)
+        if self.env is not None:
+            template = bool(model.chat_template and getattr(engine.tokenizer, "chat_template", None))
+            self.episodes = Episodes(Conversation(engine.tokenizer, template), Limits(max_turns, max_context),
+                                     with_turn_tokens(self.sampling, getattr(task, "STOP", ())), discount)
 
     def __iter__(self) -> Iterator[TensorDict]:
         while True:
@@ -120,24 +131,35 @@ class GenerationCollector(Collector):
         self.batches += 1
         started = time.perf_counter()
         try:
-            self.engine.submit(prompts, self.group_size, self.sampling, seed=seed)
+            if self.env is None:
+                self.engine.submit(prompts, self.group_size, self.sampling, seed=seed)
         except Exception:
             self._give_back(rows)
             raise
-        self._pending = (rows, started)
+        self._pending = (rows, started, seed)
 
     def _finish(self) -> TensorDict:
-        rows, started = self._pending
+        rows, started, seed = self._pending
         try:
-            generated = self.engine.collect()
-            seconds = self.engine.generate_s or time.perf_counter() - started  # not the learner's update meanwhile
-            batch = score(generated, rows, self.group_size, self.rewards, self.sampling, seconds)
+            if self.env is not None:
+                batch = self._play(rows, seed)
+            else:
+                generated = self.engine.collect()
+                seconds = self.engine.generate_s or time.perf_counter() - started  # not the update meanwhile
+                batch = score(generated, rows, self.group_size, self.rewards, self.sampling, seconds)
         except Exception:
             self._give_back(rows)
             raise
         finally:
             self._pending = None
         return batch
+
+    def _play(self, rows: list[dict], seed: int) -> TensorDict:
+        """The episodes of ``rows`` (a language environment's), ``group_size`` of each, played to their ends with
+        the newest weights, as one batch. Turn t of batch n samples with seed ``(seed + n) x max_turns + t``."""
+        self.engine.refresh()
+        return self.episodes.play(self.engine, self.env, rows, self.group_size, self.rewards,
+                                  seed * self.episodes.limits.max_turns)
 
     def _give_back(self, rows: list[dict]) -> None:
         """The engine or a reward failed on the batch of ``rows``: it goes back to the task, so a checkpoint
@@ -180,6 +202,8 @@ class GenerationCollector(Collector):
         self._ready = ready
 
     def close(self) -> None:
+        if self.env is not None:
+            self.env.close()
         self.engine.close()
 
 

@@ -1,5 +1,5 @@
-"""Evaluates a language-model policy: greedy completions of the task's eval prompts, scored by the
-run's reward functions, with the learner's current weights."""
+"""Evaluates a language-model policy: greedy completions of the task's eval prompts (or greedy episodes of a
+language environment's), scored by the run's reward functions, with the learner's current weights."""
 
 from __future__ import annotations
 
@@ -57,6 +57,7 @@ class GenerationEvalHook(Evaluation):
                      self.task.describe("eval"), size)
         self.prompts, self.batch_size = prompts if size is None else min(prompts, size), batch_size
         self.sampling: Sampling = replace(collector.sampling, greedy=True)
+        self.episodes = collector.episodes  # a language environment's: greedy episodes, played as the collector's
         self._engine: TransformersEngine | None = None
 
     def evaluate(self, state: TrainState) -> float:
@@ -73,7 +74,10 @@ class GenerationEvalHook(Evaluation):
             raise_if_stopping(state)
             rows = self.task.take(min(self.batch_size, self.prompts - start))
             mine = rows[self.strategy.rank::ranks]
-            batch = complete(self._engine, self.model, mine or rows[:1], 1, self.sampling, self.rewards)
+            if self.episodes is None:
+                batch = complete(self._engine, self.model, mine or rows[:1], 1, self.sampling, self.rewards)
+            else:
+                batch = self.episodes.play(self._engine, self.task, mine or rows[:1], 1, self.rewards, greedy=True)
             if not mine:
                 continue
             named = {"reward": batch["reward"], "length": batch["episode_length"], "truncated": batch["truncated"],

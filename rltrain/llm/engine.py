@@ -100,23 +100,30 @@ class Engine(ABC):
     through ``transfer_client()``; ``GENERATES_AHEAD``, whether ``submit`` returns at once (generation in
     another process), so that ``collector.max_lag: 1`` can generate the next batch during an update;
     ``LEARNER_RANKS``, whether every rank of a data-parallel learner (``strategy=ddp``) can hold one of its
-    own, generating that rank's share.
+    own, generating that rank's share; ``TOKEN_PROMPTS``, whether ``generate`` takes prompts as token ids (a
+    conversation of several turns, which must never be tokenized again).
     """
 
     WEIGHTS: tuple[str, ...] = ("module",)
     GENERATES_AHEAD = False
     LEARNER_RANKS = False
+    TOKEN_PROMPTS = False
     version: int = 0
     generate_s: float | None = None  # what the last collected batch took to generate, where the engine times it
 
     @abstractmethod
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
-        """``group_size`` sampled completions of each prompt."""
+        """``group_size`` sampled completions of each prompt (a text, or token ids where the engine takes them:
+        ``TOKEN_PROMPTS``)."""
 
     def submit(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> None:
         """Ask for ``generate``'s completions, returned by ``collect``. An engine of another process
         starts and returns at once (the learner updates meanwhile); this default generates now."""
         self._submitted = self.generate(prompts, group_size, sampling, seed)
+
+    def refresh(self) -> None:
+        """Take the newest pushed weights now (before the ``generate`` calls of one batch: an episode's turns all
+        generate with the same weights). Nothing to do for an engine that loads them as it generates."""
 
     def collect(self) -> Generated:
         """The completions the last ``submit`` asked for."""
@@ -140,6 +147,7 @@ class TransformersEngine(Engine):
     as they are, as for the eval hook, which generates with the learner's own model)."""
 
     LEARNER_RANKS = True  # one per rank, generating with that rank's copy of the policy (fed by its pushes)
+    TOKEN_PROMPTS = True
 
     def __init__(self, policy, tokenizer, receiver: WeightReceiver | None = None):
         self.model, self.tokenizer, self.receiver = policy, tokenizer, receiver
@@ -150,10 +158,13 @@ class TransformersEngine(Engine):
 
     def submit(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> None:
         """Generate now, with the newest pushed weights."""
+        self.refresh()
+        super().submit(prompts, group_size, sampling, seed)
+
+    def refresh(self) -> None:
         if self.receiver is not None:
             self.receiver.poll()
             self.version = self.receiver.version
-        super().submit(prompts, group_size, sampling, seed)
 
     def close(self) -> None:
         if self.receiver is not None:
@@ -162,10 +173,9 @@ class TransformersEngine(Engine):
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
         tok, model = self.tokenizer, self.model
-        tok.padding_side = "left"
-        encoded = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        prompt_ids, prompt_mask = (encoded[k].repeat_interleave(group_size, dim=0).to(model.device)
-                                   for k in ("input_ids", "attention_mask"))  # each prompt's group, one after another
+        ids, mask = left_padded(tok, prompts)
+        prompt_ids, prompt_mask = (t.repeat_interleave(group_size, dim=0).to(model.device)
+                                   for t in (ids, mask))  # each prompt's group, one after another
         with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []):
             if seed is not None:  # this draw's own seed; the caller's random state stays as it was
                 torch.manual_seed(seed)
@@ -235,6 +245,23 @@ class TransformersEngine(Engine):
                 if any(s in self.tokenizer.decode(row[:n]) for s in stop):
                     return n, False
         return end, eos not in row[:end]
+
+
+def left_padded(tokenizer, prompts: list[str] | list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """``prompts`` as a left-padded batch of token ids and its attention mask: texts tokenized (no special tokens
+    added), or token ids as they are (a conversation's turns, never tokenized again)."""
+    if prompts and not isinstance(prompts[0], str):
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), tokenizer.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            if p:
+                ids[i, width - len(p):] = torch.tensor(p, dtype=torch.long)
+                mask[i, width - len(p):] = 1
+        return ids, mask
+    tokenizer.padding_side = "left"
+    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+    return encoded["input_ids"], encoded["attention_mask"]
 
 
 class LearnerEngine(TransformersEngine):

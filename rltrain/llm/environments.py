@@ -1,30 +1,29 @@
 """Language environments: episodes of several turns, the multi-turn counterpart of a task.
 
-An environment is one object per run. ``reset(row)`` opens an episode on a row of its task (the stream of rows
-that ``rows()`` gives, resumable like any task): the episode's state, and the opening messages. After each of
-the model's turns, ``step(state, reply)`` answers with a ``Step``: the messages the environment appends (a tool's
-result, a game's next position, a simulated user's reply), a reward for the turn, whether the episode is over,
-and the episode's next state. Messages are OpenAI-style dicts (``role``, ``content``), so a chat template can
-render them; the state is the environment's own (plain values: the episode's secret, its turn count).
+A language environment is a task (``rltrain.llm.tasks.Task``: a resumable, seeded stream of rows, with an
+eval split) whose rows open episodes. ``reset(row)`` opens one: the episode's state, and the opening messages.
+After each of the model's turns, ``step(state, reply)`` answers with a ``Step``: the messages the environment
+appends (a tool's result, a game's next position, a simulated user's reply), a reward for the turn, whether
+the episode is over, and the episode's next state. Messages are OpenAI-style dicts (``role``, ``content``), so
+a chat template can render them; the state is the environment's own (plain values: a secret, a turn count).
 
-Your own environment is a ``_target_`` away: a class with ``rows()``, ``reset(row)`` and ``step(state, reply)``
-(``LanguageEnv`` documents them; ``close()`` is optional). Its rewards are its steps' rewards, summed over the
-turns, plus the run's reward functions on the final reply (``env.rewards``), if it names any.
+Your own environment is a ``_target_`` away: a ``Task`` (``row(rng)``, or a ``Dataset``) with ``reset`` and
+``step`` (``LanguageEnv`` documents them; ``close()`` is optional). Its rewards are its steps' rewards, summed
+over the turns, plus the run's reward functions on the final reply (``env.rewards``; ``REWARDS`` by default).
+``STOP``: strings that end a model turn besides the end-of-turn token (``</tool>``).
 
 Built in:
 - ``ToolEnv``: the model calls Python functions (``rltrain.llm.tools``) by writing ``<tool>NAME(ARGUMENTS)
   </tool>``; each call's result is the next message (role ``tool``). A turn without a call is the final answer,
-  which ends the episode. ``KeyLookup`` is its task: the value stored under a key, which only the ``lookup``
-  tool knows.
+  which ends the episode. Its rows ask for the value stored under a key, which only the ``lookup`` tool knows.
 - ``GuessNumber``: the model guesses a secret number and hears "higher" or "lower" until it is right or out of
-  turns; the reward is 1 for the right number, less a share per wrong guess.
+  guesses; the reward is 1 for the right number, less a share per wrong guess.
 """
 
 from __future__ import annotations
 
 import random
 import re
-from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -34,7 +33,6 @@ from rltrain.llm.tools import ToolRunner, lookup_value, parse_calls
 from rltrain.rules import Integer, OneOf, PositiveInt, PositiveNumber
 
 ON_TOOL_ERROR = OneOf(("observe", "fail"), "observe (the model sees the tool's error) or fail (the run stops)")
-INTERFACE = ("rows", "reset", "step")  # what a language environment must have (close is optional)
 
 
 @dataclass
@@ -51,62 +49,62 @@ class Step:
     counts: dict[str, int] = field(default_factory=dict)
 
 
-class LanguageEnv(ABC):
+class LanguageEnv(Task):
     """The interface of a language environment (see the module's docstring)."""
 
-    @abstractmethod
-    def rows(self) -> Task:
-        """The task whose rows open the episodes (a stream a checkpoint saves the position of)."""
+    STOP: tuple[str, ...] = ()
 
-    @abstractmethod
     def reset(self, row: dict) -> tuple[Any, list[dict]]:
         """Open an episode on ``row``: its state, and the opening messages (at least one)."""
+        raise NotImplementedError
 
-    @abstractmethod
     def step(self, state: Any, reply: str) -> Step:
         """The environment's answer to the model's turn ``reply`` in the episode whose state is ``state``."""
+        raise NotImplementedError
 
     def close(self) -> None:
         """Release what the environment holds (a tool process)."""
 
 
+def is_language_env(task: object) -> bool:
+    """Whether ``task`` opens episodes of several turns (has ``reset`` or ``step``: ``check_interface`` then
+    says whether it has both)."""
+    return callable(getattr(task, "reset", None)) or callable(getattr(task, "step", None))
+
+
 def check_interface(env: object, key: str = "env") -> None:
     """A ConfigError naming each method of the interface that ``env`` (a user's ``_target_``) lacks."""
-    missing = [name for name in INTERFACE if not callable(getattr(env, name, None))]
+    missing = [name for name in ("reset", "step") if not callable(getattr(env, name, None))
+               or getattr(type(env), name, None) in (LanguageEnv.reset, LanguageEnv.step)]
+    if not isinstance(env, Task) or (type(env).row is Task.row and type(env)._row_at is Task._row_at):
+        missing.insert(0, "row")  # (a Dataset's rows are its file's)
     if missing:
         raise ConfigError(f"{key}: {type(env).__module__}.{type(env).__name__} has no {', '.join(missing)} "
-                          f"method{'s' if len(missing) > 1 else ''}; a language environment has rows(), "
-                          "reset(row) and step(state, reply) (rltrain.llm.environments.LanguageEnv)")
+                          f"method{'s' if len(missing) > 1 else ''}; a language environment is a task "
+                          "(rltrain.llm.tasks.Task: row(rng), or a Dataset) with reset(row) and step(state, reply) "
+                          "(rltrain.llm.environments.LanguageEnv)")
 
 
-class KeyLookup(Task):
-    """``value of k37?`` -> the value ``lookup(k37)`` returns: a task that cannot be solved without the tool."""
+class ToolEnv(LanguageEnv):
+    """The model calls ``tools`` (``module.function`` paths); see the module's docstring. Its rows: ``value of
+    k37?``, answered by the value ``lookup(k37)`` returns, for one of ``keys`` keys. ``instructions``: a system
+    message telling the model the syntax and the tools (their first docstring lines); off for a model that
+    learns the syntax from rewards alone (the tiny one, whose context is short)."""
 
-    def __init__(self, keys: PositiveInt = 100, seed: int = 0, split: str = "train"):
+    STOP = ("</tool>",)
+
+    def __init__(self, tools: tuple[str, ...] = ("rltrain.llm.tools.lookup",), keys: PositiveInt = 100,
+                 timeout_s: PositiveNumber = 10.0, on_tool_error: Annotated[str, ON_TOOL_ERROR] = "observe",
+                 instructions: bool = False, seed: int = 0, split: str = "train"):
         super().__init__(seed, split)
-        Integer(1).check("env.rows.keys", keys)
-        self.keys = keys
+        ON_TOOL_ERROR.check("env.on_tool_error", on_tool_error)
+        Integer(1).check("env.keys", keys)
+        self.keys, self.instructions = keys, instructions
+        self.runner = ToolRunner(list(tools), timeout_s, on_tool_error)
 
     def row(self, rng: random.Random) -> dict[str, str]:
         key = f"k{rng.randrange(self.keys)}"
         return {"prompt": f"value of {key}?", "key": key, "answer": lookup_value(key)}
-
-
-class ToolEnv(LanguageEnv):
-    """The model calls ``tools`` (``module.function`` paths); see the module's docstring. ``instructions``: a
-    system message telling the model the syntax and the tools (their first docstring lines); off for a model
-    that learns the syntax from rewards alone (the tiny one, whose context is short)."""
-
-    def __init__(self, rows: Task | None = None, tools: tuple[str, ...] = ("rltrain.llm.tools.lookup",),
-                 timeout_s: PositiveNumber = 10.0, on_tool_error: Annotated[str, ON_TOOL_ERROR] = "observe",
-                 instructions: bool = False):
-        ON_TOOL_ERROR.check("env.on_tool_error", on_tool_error)
-        self._rows = rows if rows is not None else KeyLookup()
-        self.runner = ToolRunner(list(tools), timeout_s, on_tool_error)
-        self.instructions = instructions
-
-    def rows(self) -> Task:
-        return self._rows
 
     def reset(self, row: dict) -> tuple[Any, list[dict]]:
         messages = [{"role": "user", "content": row["prompt"]}]
@@ -138,37 +136,27 @@ def describe_tools(tools: dict) -> str:
     return "\n".join(lines)
 
 
-class SecretNumbers(Task):
-    """Secret numbers from ``low`` to ``high``, for ``GuessNumber``."""
-
-    def __init__(self, low: int = 1, high: int = 8, seed: int = 0, split: str = "train"):
-        super().__init__(seed, split)
-        if high <= low:
-            raise ConfigError(f"env.rows.high ({high}) must be above env.rows.low ({low})")
-        self.low, self.high = low, high
-
-    def row(self, rng: random.Random) -> dict[str, str]:
-        secret = rng.randint(self.low, self.high)
-        return {"prompt": f"guess {self.low}-{self.high}:", "answer": str(secret), "low": self.low,
-                "high": self.high}
-
-
 _GUESS = re.compile(r"-?\d+")
 
 
 class GuessNumber(LanguageEnv):
-    """Guess the secret number: each turn's first integer is the guess, answered ``higher`` or ``lower``. The
-    episode ends at the right number (reward 1 less ``penalty`` per wrong guess before it, at least 0) or
-    after ``max_guesses`` wrong ones (reward 0). A turn without a number is a wrong guess, answered ``a
-    number?``."""
+    """Guess the secret number, from ``low`` to ``high``: each turn's first integer is the guess, answered
+    ``higher`` or ``lower``. The episode ends at the right number (reward 1 less ``penalty`` per wrong guess
+    before it, at least 0) or after ``max_guesses`` wrong ones (reward 0). A turn without a number is a wrong
+    guess, answered ``a number?``."""
 
-    def __init__(self, rows: Task | None = None, max_guesses: PositiveInt = 4, penalty: float = 0.25):
+    REWARDS = {}  # the game's own
+
+    def __init__(self, low: int = 1, high: int = 8, max_guesses: PositiveInt = 4, penalty: float = 0.25,
+                 seed: int = 0, split: str = "train"):
+        super().__init__(seed, split)
+        if high <= low:
+            raise ConfigError(f"env.high ({high}) must be above env.low ({low})")
         Integer(1).check("env.max_guesses", max_guesses)
-        self._rows = rows if rows is not None else SecretNumbers()
-        self.max_guesses, self.penalty = max_guesses, penalty
+        self.low, self.high, self.max_guesses, self.penalty = low, high, max_guesses, penalty
 
-    def rows(self) -> Task:
-        return self._rows
+    def row(self, rng: random.Random) -> dict[str, str]:
+        return {"prompt": f"guess {self.low}-{self.high}:", "answer": str(rng.randint(self.low, self.high))}
 
     def reset(self, row: dict) -> tuple[Any, list[dict]]:
         return {"secret": int(row["answer"]), "wrong": 0}, [{"role": "user", "content": row["prompt"]}]

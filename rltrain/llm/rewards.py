@@ -73,9 +73,10 @@ class Rewards:
     TIMEOUT_S = 30.0  # env.reward_timeout_s where a task's config has none
 
     def __init__(self, functions: Mapping[str, Callable], weights: Mapping[str, float] | None = None,
-                 timeout_s: float | None = TIMEOUT_S):
+                 timeout_s: float | None = TIMEOUT_S, required: bool = True):
+        """``required``: at least one function (a language environment's own rewards may stand alone)."""
         weights = dict(weights or {})
-        if not functions:
+        if not functions and required:
             raise ConfigError("env.rewards is empty; name at least one reward function")
         for name, fn in functions.items():
             if not callable(fn):
