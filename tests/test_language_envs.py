@@ -180,3 +180,24 @@ def test_bad_input_for_episodes_is_refused_in_one_line_before_anything_starts(ov
     with pytest.raises(ConfigError) as e:
         validate(make_config("algo=grpo", *overrides))
     assert says in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_the_docs_environment_of_your_own_runs_as_written(tmp_path):
+    # docs/language-environments.md: its Countdown class as my_pkg, and its command, with a short budget
+    import json
+    import re
+    import shlex
+
+    from tests.conftest import ROOT, run_cli
+
+    page = (ROOT / "docs" / "language-environments.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
+    [command] = [line for line in re.findall(r"```bash\n(.*?)```", page, re.S)[1].splitlines() if "my_pkg" in line]
+    (tmp_path / "my_pkg").mkdir()
+    (tmp_path / "my_pkg" / "__init__.py").write_text(code)
+    args = shlex.split(command)[3:]  # after python -m rltrain
+    result = run_cli(*args, "trainer.total_frames=256", "hydra.run.dir=run", cwd=tmp_path,
+                     env={"PYTHONPATH": f"{ROOT}:{tmp_path}"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert rows[-1]["frames"] == 256 and rows[-1]["episode/turns"] >= 1
