@@ -44,7 +44,8 @@ def test_a_run_ends_like_every_run_with_a_model_dir_transformers_loads(tmp_path)
     assert AutoTokenizer.from_pretrained(run / "model").decode([7, 8]) != ""
 
 
-@pytest.mark.parametrize("weights", [(), ("model.lora_rank=4", "algo.kl_coef=0.1")], ids=["all", "lora"])
+@pytest.mark.parametrize("weights", [(), ("model.lora_rank=4", "algo.kl_coef=0.1"),
+                                     ("env=guess", "collector.max_new_tokens=2")], ids=["all", "lora", "episodes"])
 def test_a_run_stopped_by_sigterm_and_resumed_matches_an_uninterrupted_one(weights, tmp_path):
     full = run_cli(*SHORT, *weights, "hydra.run.dir=outputs/full", cwd=tmp_path)
     assert full.returncode == 0, full.stderr
