@@ -460,7 +460,8 @@ def _check_episodes(env, cfg: DictConfig, parts: dict[str, tuple[type, dict]], p
     engine = parts["engine"][0]
     if not capability(engine, Engine, "TOKEN_PROMPTS"):
         raise ConfigError(f"env={type(env).__name__} plays episodes of several turns, which need an engine that "
-                          f"takes token ids; {_label('engine', engine)} does not yet: use engine=transformers")
+                          f"takes token ids (TOKEN_PROMPTS); {_label('engine', engine)} does not: use "
+                          "engine=transformers or vllm")
     values = parts["collector"][1]
     if values.get("max_lag"):
         raise ConfigError("collector.max_lag=1 generates a batch during the update, and an episode of several "

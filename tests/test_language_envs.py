@@ -163,8 +163,9 @@ def test_episodes_train_on_the_engines_own_tokens_and_its_log_probs_are_the_lear
 
 
 @pytest.mark.parametrize("overrides, says", [
-    (("env=tools", "engine=vllm"), "env=ToolEnv plays episodes of several turns, which need an engine that takes "
-                                   "token ids; engine=vllm does not yet: use engine=transformers"),
+    (("env=tools", "engine._target_=tests.parts_for_tests.PlainSamplingEngine"),
+     "env=ToolEnv plays episodes of several turns, which need an engine that takes token ids (TOKEN_PROMPTS); "
+     "engine._target_=tests.parts_for_tests.PlainSamplingEngine does not: use engine=transformers or vllm"),
     (("env=guess", "collector.max_context=4"), "collector.max_context=4 leaves no room for a turn after the "
                                                "longest opening prompt (10 tokens); raise it above 10"),
     (("env=guess", "collector.max_turns=0"), "collector.max_turns"),

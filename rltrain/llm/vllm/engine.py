@@ -84,6 +84,7 @@ class VLLMEngine(Engine):
     WEIGHTS = ("snapshot", "push")
     GENERATES_AHEAD = True
     LEARNER_RANKS = True  # strategy=ddp: an engine per rank, on that rank's GPU (engine.gpu=null), fed by its pushes
+    TOKEN_PROMPTS = True  # (its requests are token ids: a conversation's are sent as they are)
 
     def __init__(
         self,

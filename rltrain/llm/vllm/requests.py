@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from rltrain.llm.engine import Generated, Sampling
+from rltrain.llm.engine import Generated, Sampling, left_padded
 
 
 def sampling_requests(rows: list[list[int]], group_size: int, sampling: Sampling,
@@ -26,12 +26,10 @@ def sampling_requests(rows: list[list[int]], group_size: int, sampling: Sampling
             for i, ids in enumerate(ids for ids in rows for _ in range(group_size // n))]
 
 
-def encode_prompts(tokenizer, prompts: list[str], group_size: int) -> tuple[list[list[int]], tuple]:
-    """Each prompt's token ids (no padding), and the left-padded ids and mask of every completion's
-    prompt (``group_size`` rows each), which ``as_generated`` takes."""
-    tokenizer.padding_side = "left"
-    encoded = tokenizer(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-    ids, mask = encoded["input_ids"], encoded["attention_mask"]
+def encode_prompts(tokenizer, prompts: list[str] | list[list[int]], group_size: int) -> tuple[list[list[int]], tuple]:
+    """Each prompt's token ids (no padding; a prompt given as token ids stays as it is), and the left-padded ids
+    and mask of every completion's prompt (``group_size`` rows each), which ``as_generated`` takes."""
+    ids, mask = left_padded(tokenizer, prompts)
     rows = [row[m.bool()].tolist() for row, m in zip(ids, mask)]
     return rows, (ids.repeat_interleave(group_size, dim=0), mask.repeat_interleave(group_size, dim=0))
 

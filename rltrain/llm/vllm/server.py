@@ -159,6 +159,7 @@ class VLLMServer(Engine):
     process holds open, if one)."""
 
     WEIGHTS = ("snapshot", "push")
+    TOKEN_PROMPTS = True  # (its requests are token ids: a conversation's are sent as they are)
     GENERATES_AHEAD = True
 
     def __init__(self, model: LanguageModel, receiver: WeightReceiver, url: str,
