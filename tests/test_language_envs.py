@@ -219,3 +219,32 @@ def test_grpo_plays_the_guessing_game_better_with_training(tmp_path):
     rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
     first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
     assert first < 0.1 and last > 0.15 and last > 2 * first, rewards  # measured: 0.08 -> 0.21 (seed 0)
+
+
+def test_the_in_process_engine_keeps_each_episodes_kv_cache_across_its_turns(monkeypatch):
+    # later turns go through the model from where the last stopped (the kept rows, their new tokens appended):
+    # the same tokens and log-probs as reading every turn's whole context again
+    import contextlib
+
+    from rltrain.llm.engine import Sampling, TransformersEngine
+    from rltrain.llm.model import LanguageModel
+    from rltrain.llm.rollout import Conversation, Limits, run_episodes
+    from rltrain.llm.tiny import tiny_model_dir
+
+    model = LanguageModel(str(tiny_model_dir()))
+    engine = TransformersEngine(model.load(), model.tokenizer())
+    env = GuessNumber(low=1, high=99, max_guesses=6, seed=4)
+    rows, continued = env.take(8), []
+    original = engine._continued
+    monkeypatch.setattr(engine, "_continued", lambda prompts: continued.append(original(prompts)) or continued[-1])
+
+    def play():
+        return run_episodes(engine, env, Conversation(model.tokenizer(), False), rows, 4, Sampling(max_new_tokens=4),
+                            Limits(max_turns=6), seed=0)[0]
+
+    kept = play()
+    assert sum(c is not None for c in continued) == 5  # every turn after the first
+    monkeypatch.setattr(engine, "turns", contextlib.nullcontext)
+    again = play()
+    assert [e.tail for e in kept] == [e.tail for e in again] and sum(e.turns for e in kept) > 100
+    assert max(abs(a - b) for x, y in zip(kept, again) for a, b in zip(x.logprobs, y.logprobs)) < 1e-5

@@ -11,6 +11,7 @@ generation (with its KV cache) in this process; ``rltrain.llm.vllm`` has vLLM's 
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -121,6 +122,11 @@ class Engine(ABC):
         starts and returns at once (the learner updates meanwhile); this default generates now."""
         self._submitted = self.generate(prompts, group_size, sampling, seed)
 
+    def turns(self) -> contextlib.AbstractContextManager:
+        """Around the ``generate`` calls of an episode's turns, each continuing the sequences of the last: an
+        engine that can keeps what it computed of them (its KV cache) from one call to the next."""
+        return contextlib.nullcontext()
+
     def refresh(self) -> None:
         """Take the newest pushed weights now (before the ``generate`` calls of one batch: an episode's turns all
         generate with the same weights). Nothing to do for an engine that loads them as it generates."""
@@ -151,6 +157,7 @@ class TransformersEngine(Engine):
 
     def __init__(self, policy, tokenizer, receiver: WeightReceiver | None = None):
         self.model, self.tokenizer, self.receiver = policy, tokenizer, receiver
+        self._turns: tuple | None = None  # within turns(): the last call's rows, kept for the next (else None)
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; set one (tokenizer.pad_token = tokenizer.eos_token)")
         if receiver is not None:  # on the CPU it reads the published snapshot in place; on a GPU, copies each one
@@ -173,13 +180,18 @@ class TransformersEngine(Engine):
     @torch.no_grad()
     def generate(self, prompts: list[str], group_size: int, sampling: Sampling, seed: int | None = None) -> Generated:
         tok, model = self.tokenizer, self.model
-        ids, mask = left_padded(tok, prompts)
-        prompt_ids, prompt_mask = (t.repeat_interleave(group_size, dim=0).to(model.device)
-                                   for t in (ids, mask))  # each prompt's group, one after another
+        continued = self._continued(prompts) if group_size == 1 else None
+        if continued is None:
+            ids, mask = left_padded(tok, prompts)
+            prompt_ids, prompt_mask = (t.repeat_interleave(group_size, dim=0).to(model.device)
+                                       for t in (ids, mask))  # each prompt's group, one after another
+            cache = None
+        else:
+            prompt_ids, prompt_mask, cache = continued
         with torch.random.fork_rng(devices=[model.device] if model.device.type == "cuda" else []):
             if seed is not None:  # this draw's own seed; the caller's random state stays as it was
                 torch.manual_seed(seed)
-            out = self._generate(prompt_ids, prompt_mask, sampling, group_size)
+            out = self._generate(prompt_ids, prompt_mask, sampling, group_size, cache)
         ids = out.sequences[:, prompt_ids.shape[1]:]
         # Each token's log-prob under the policy: the model's distribution at the sampling temperature, as the
         # learner computes it (top_p narrows what is drawn, not the policy whose ratios the learner takes).
@@ -192,6 +204,10 @@ class TransformersEngine(Engine):
         ends = torch.tensor([n for n, _ in lengths], device=ids.device)
         mask = (steps[None, :] < ends[:, None]).long()
         texts = [tok.decode(row[:n], skip_special_tokens=True) for row, (n, _) in zip(ids.tolist(), lengths)]
+        if self._turns is not None:  # kept for the next turn: every row's tokens so far, and their keys and values
+            whole = torch.cat([prompt_mask, mask], dim=1)
+            self._turns = (out.sequences, whole, getattr(out, cache_name(model)),
+                           {tuple(row[m.bool()].tolist()): i for i, (row, m) in enumerate(zip(out.sequences, whole))})
         return Generated(prompt_ids, prompt_mask, ids.masked_fill(mask == 0, tok.pad_token_id), mask,
                          logprobs.masked_fill(mask == 0, 0.0),
                          torch.tensor([cut for _, cut in lengths], device=ids.device), texts, self.version)
@@ -204,16 +220,19 @@ class TransformersEngine(Engine):
                               "(Adam's steps grow its weights until a forward pass overflows): use model.dtype=float32 "
                               "(or bfloat16, for LoRA); with float32 already, lower algo.lr")
 
-    def _generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: Sampling, group_size: int):
+    def _generate(self, ids: torch.Tensor, mask: torch.Tensor, sampling: Sampling, group_size: int, cache=None):
         """transformers' generation (KV cache) with the raw logits of every step. Each group's prompt but
         its last token goes through the model once, and every completion of the group starts from that
-        cache (``rltrain.llm.prompt_cache``). Tokens are drawn by ``sampling`` alone: the model's own
-        generation defaults (its generation_config.json: a repetition penalty, top_k, ...) are set
-        aside for the call, since the learner knows nothing of them."""
+        cache (``rltrain.llm.prompt_cache``); ``cache``: the keys and values of the start of ``ids`` (an
+        episode's turns so far). Tokens are drawn by ``sampling`` alone: the model's own generation defaults
+        (its generation_config.json: a repetition penalty, top_k, ...) are set aside for the call, since the
+        learner knows nothing of them."""
         tok, model = self.tokenizer, self.model
         drawn = {"do_sample": False} if sampling.greedy else {
             "do_sample": True, "temperature": sampling.temperature, "top_p": sampling.top_p, "top_k": 0}
-        if group_size > 1 and ids.shape[1] > 1:
+        if cache is not None:
+            drawn[cache_name(model)] = cache
+        elif group_size > 1 and ids.shape[1] > 1:
             drawn[cache_name(model)] = prompt_pass(model, ids[:, :-1], mask[:, :-1], group_size)[1]
         from transformers import GenerationConfig
 
@@ -235,6 +254,45 @@ class TransformersEngine(Engine):
                                   remove_invalid_values=True)
         finally:
             base.generation_config = own
+
+    @contextlib.contextmanager
+    def turns(self):
+        # Each call's sequences and KV cache are kept for the next. A prompt that continues a kept row (its
+        # tokens so far, then the environment's answer) is appended to that row as it is laid out, padding and
+        # all (masked), and only what the cache does not hold goes through the model.
+        sharded = isinstance(next(self.model.parameters()), DTensor)  # (every rank generates in step: no reuse)
+        self._turns = None if sharded else ()
+        try:
+            yield
+        finally:
+            self._turns = None
+
+    def _continued(self, prompts: list) -> tuple[torch.Tensor, torch.Tensor, object] | None:
+        """``prompts`` as continuations of the rows the last call kept (within ``turns``): their ids and mask,
+        each a kept row with its new tokens right-aligned after it, and the kept cache of those rows; None where a
+        prompt continues no kept row (or is text)."""
+        if not self._turns or not prompts or isinstance(prompts[0], str):
+            return None
+        sequences, mask, cache, rows = self._turns
+        lengths = sorted({len(r) for r in rows}, reverse=True)
+        picks, tails = [], []
+        for prompt in prompts:
+            row = next((rows[key] for n in lengths if n < len(prompt) and (key := tuple(prompt[:n])) in rows), None)
+            if row is None:
+                return None
+            picks.append(row)
+            tails.append(prompt[int(mask[row].sum()):])
+        width = max(len(t) for t in tails)
+        new_ids = torch.full((len(prompts), width), self.tokenizer.pad_token_id, dtype=torch.long)
+        new_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, tail in enumerate(tails):
+            new_ids[i, width - len(tail):], new_mask[i, width - len(tail):] = torch.tensor(tail), 1
+        index = torch.tensor(picks, device=sequences.device)
+        cache.batch_select_indices(index)
+        self._turns = ()  # (its cache now holds the picked rows only)
+        device = sequences.device
+        return (torch.cat([sequences[index], new_ids.to(device)], dim=1),
+                torch.cat([mask[index], new_mask.to(device)], dim=1), cache)
 
     def _length(self, row: list[int], stop: tuple[str, ...]) -> tuple[int, bool]:
         """How many tokens of ``row`` the completion holds, and whether ``max_new_tokens`` cut it."""

@@ -110,8 +110,17 @@ def run_episodes(engine: Engine, env, conversation: Conversation, rows: list[dic
             state, messages = env.reset(row)
             episodes.append(Episode(row, state, conversation.opening(messages)))
     context = limits.context or 1 << 62
+    with engine.turns():
+        generate_s = _play(engine, env, conversation, episodes, group_size, sampling, limits.max_turns, context,
+                           seed, discount)
+    return episodes, generate_s
+
+
+def _play(engine: Engine, env, conversation: Conversation, episodes: list[Episode], group_size: int,
+          sampling: Sampling, max_turns: int, context: int, seed: int | None, discount: float) -> float:
+    """``run_episodes``'s turns; the seconds generation took."""
     generate_s = 0.0
-    for turn in range(limits.max_turns):
+    for turn in range(max_turns):
         running = [e for e in episodes if not e.done]
         if not running:
             break
@@ -141,13 +150,13 @@ def run_episodes(engine: Engine, env, conversation: Conversation, rows: list[dic
                 episode.done = True
                 continue
             answer = conversation.answer(step.messages, ended_with(ids, engine.tokenizer.eos_token_id))
-            if turn == limits.max_turns - 1 or episode.length() + len(answer) >= context:
+            if turn == max_turns - 1 or episode.length() + len(answer) >= context:
                 episode.done = episode.truncated = True  # (no room for the environment's answer and a turn)
                 continue
             episode.tail += answer
             episode.own += [False] * len(answer)
             episode.logprobs += [0.0] * len(answer)
-    return episodes, generate_s
+    return generate_s
 
 
 def ended_with(ids: list[int], token: int | None) -> bool:
