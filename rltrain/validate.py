@@ -462,6 +462,11 @@ def _check_episodes(env, cfg: DictConfig, parts: dict[str, tuple[type, dict]], p
         raise ConfigError(f"env={type(env).__name__} plays episodes of several turns, which need an engine that "
                           f"takes token ids (TOKEN_PROMPTS); {_label('engine', engine)} does not: use "
                           "engine=transformers or vllm")
+    if getattr(env, "format", None) == "template" and not (model.chat_template and
+                                                          getattr(model.tokenizer(), "chat_template", None)):
+        raise ConfigError(f"env.format=template has the model call tools in its chat template's format, and "
+                          f"model.path={model.path} has no chat template (or model.chat_template=false): use "
+                          "env.format=tagged")
     values = parts["collector"][1]
     if values.get("max_lag"):
         raise ConfigError("collector.max_lag=1 generates a batch during the update, and an episode of several "

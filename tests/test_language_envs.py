@@ -169,6 +169,9 @@ def test_episodes_train_on_the_engines_own_tokens_and_its_log_probs_are_the_lear
     (("env=guess", "collector.max_context=4"), "collector.max_context=4 leaves no room for a turn after the "
                                                "longest opening prompt (10 tokens); raise it above 10"),
     (("env=guess", "collector.max_turns=0"), "collector.max_turns"),
+    (("env=tools", "env.format=template"), "env.format=template has the model call tools in its chat template's "
+                                           "format, and model.path="),
+    (("env=tools", "env.format=json"), "env.format must be tagged (<tool>NAME(ARGUMENTS)</tool>) or template"),
     (("env=tools", "env.tools=[tests.parts_for_tests.NOT_A_TOOL]"), "env.tools: 'tests.parts_for_tests.NOT_A_TOOL' "
                                                                     "is a int"),
     (("env=reverse", "env._target_=tests.parts_for_tests.EnvWithoutStep"),
@@ -193,7 +196,8 @@ def test_the_docs_environment_of_your_own_runs_as_written(tmp_path):
 
     page = (ROOT / "docs" / "language-environments.md").read_text()
     code = re.search(r"```python\n(.*?)```", page, re.S).group(1)
-    [command] = [line for line in re.findall(r"```bash\n(.*?)```", page, re.S)[1].splitlines() if "my_pkg" in line]
+    [command] = [line for block in re.findall(r"```bash\n(.*?)```", page, re.S) for line in block.splitlines()
+                 if "my_pkg" in line]
     (tmp_path / "my_pkg").mkdir()
     (tmp_path / "my_pkg" / "__init__.py").write_text(code)
     args = shlex.split(command)[3:]  # after python -m rltrain
@@ -248,3 +252,76 @@ def test_the_in_process_engine_keeps_each_episodes_kv_cache_across_its_turns(mon
     again = play()
     assert [e.tail for e in kept] == [e.tail for e in again] and sum(e.turns for e in kept) > 100
     assert max(abs(a - b) for x, y in zip(kept, again) for a, b in zip(x.logprobs, y.logprobs)) < 1e-5
+
+
+TOOL_TEMPLATE = (  # a chat template that lists tools and renders their results, as Qwen's and Hermes' do
+    "{%- if tools %}<|im_start|>system\nTools:\n{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n"
+    "<|im_end|>\n{% endif %}"
+    "{%- for m in messages %}{%- if m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n"
+    "</tool_response><|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class ScriptedEngine:
+    """Replies as scripted, turn by turn (the same for every episode), with log-probs 0: what an engine gives
+    the rollout, without a model."""
+
+    TOKEN_PROMPTS = True
+    version = 0
+
+    def __init__(self, tokenizer, replies: list[str]):
+        self.tokenizer, self.replies, self.prompts = tokenizer, replies, []
+
+    def turns(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def generate(self, prompts, group_size, sampling, seed=None):
+        from rltrain.llm.engine import Generated
+
+        self.prompts.append(prompts)
+        reply = self.replies[len(self.prompts) - 1]
+        ids = self.tokenizer(reply, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        rows = len(prompts) * group_size
+        completion = torch.tensor([ids] * rows)
+        return Generated(torch.zeros(rows, 1, dtype=torch.long), torch.ones(rows, 1, dtype=torch.long), completion,
+                         torch.ones_like(completion), torch.zeros(completion.shape),
+                         torch.zeros(rows, dtype=torch.bool), [reply] * rows, 0)
+
+
+def test_with_a_chat_template_tools_are_listed_called_and_answered_in_its_format():
+    from rltrain.llm.engine import Sampling
+    from rltrain.llm.rewards import Rewards, correct_answer
+    from rltrain.llm.rollout import Conversation, Limits, as_batch, run_episodes
+    from rltrain.llm.tiny import CHARACTERS, make_tokenizer
+
+    tokenizer = make_tokenizer(CHARACTERS + "{}_|")
+    tokenizer.chat_template = TOOL_TEMPLATE
+    env = ToolEnv(format="template", seed=2)
+    [row] = env.take(1)
+    call = '<tool_call>{"name": "lookup", "arguments": {"key": "%s"}}</tool_call>' % row["key"]
+    engine = ScriptedEngine(tokenizer, ['<tool_call>{"name": lookup}</tool_call>', call, row["answer"]])
+    conversation = Conversation(tokenizer, template=True, tools=env.template_tools())
+    try:
+        [episode], _ = run_episodes(engine, env, conversation, [row], 1, Sampling(), Limits(max_turns=4))
+    finally:
+        env.close()
+    opening = tokenizer.decode(episode.prompt)
+    assert opening.startswith("<|im_start|>system\nTools:") and '"name": "lookup"' in opening
+    assert '"key": {"type": "string", "description": "the key, e.g. k37"}' in opening  # from its docstring
+    assert opening.endswith(f"<|im_start|>user\n{row['prompt']}<|im_end|>\n<|im_start|>assistant\n")
+    assert episode.turns == 3 and episode.done and not episode.truncated
+    assert episode.counts == {"tool_calls": 2, "tool_errors": 1}
+    # each turn's prompt is the last one, the model's tokens, and the template's rendering of the tool's answer
+    first, second, third = (p[0] for p in engine.prompts)
+    answer = tokenizer.decode(second[len(first):])
+    assert answer.startswith('<tool_call>{"name": lookup}</tool_call>')
+    assert answer.endswith('<|im_end|>\n<|im_start|>user\n<tool_response>\nerror: a call is written <tool_call>{'
+                           '"name": NAME, "arguments": {PARAMETER: VALUE, ...}}</tool_call>\n</tool_response>'
+                           '<|im_end|>\n<|im_start|>assistant\n')
+    assert tokenizer.decode(third[len(second):]).endswith(f"<tool_response>\n{row['answer']}\n</tool_response>"
+                                                          "<|im_end|>\n<|im_start|>assistant\n")
+    batch = as_batch([episode], 1, Sampling(), Rewards({"correct": correct_answer}), tokenizer.pad_token_id, 0,
+                     0.0, 16)
+    assert float(batch["reward"]) == 1.0  # the last reply, scored

@@ -98,7 +98,8 @@ class GenerationCollector(Collector):
         self.episodes: Episodes | None = None  # how its episodes are played (the eval hook plays them alike)
         if self.env is not None:
             template = bool(model.chat_template and getattr(engine.tokenizer, "chat_template", None))
-            self.episodes = Episodes(Conversation(engine.tokenizer, template), Limits(max_turns, max_context),
+            tools = getattr(task, "template_tools", lambda: None)()  # (the functions a template lists)
+            self.episodes = Episodes(Conversation(engine.tokenizer, template, tools), Limits(max_turns, max_context),
                                      with_turn_tokens(self.sampling, getattr(task, "STOP", ())), discount)
 
     def __iter__(self) -> Iterator[TensorDict]:

@@ -29,9 +29,11 @@ from typing import Annotated, Any
 
 from rltrain.errors import ConfigError
 from rltrain.llm.tasks import Task
-from rltrain.llm.tools import ToolRunner, lookup_value, parse_calls
+from rltrain.llm.tools import ToolRunner, lookup_value, parse_calls, parse_template_calls
 from rltrain.rules import Integer, OneOf, PositiveInt, PositiveNumber
 
+FORMAT = OneOf(("tagged", "template"), "tagged (<tool>NAME(ARGUMENTS)</tool>) or template (the chat template's own "
+               "tool calls, for a model whose template lists tools)")
 ON_TOOL_ERROR = OneOf(("observe", "fail"), "observe (the model sees the tool's error) or fail (the run stops)")
 
 
@@ -65,6 +67,10 @@ class LanguageEnv(Task):
     def close(self) -> None:
         """Release what the environment holds (a tool process)."""
 
+    def template_tools(self) -> list | None:
+        """The functions a chat template lists for the model (its ``tools=``), or None."""
+        return None
+
 
 def is_language_env(task: object) -> bool:
     """Whether ``task`` opens episodes of several turns (has ``reset`` or ``step``: ``check_interface`` then
@@ -87,20 +93,28 @@ def check_interface(env: object, key: str = "env") -> None:
 
 class ToolEnv(LanguageEnv):
     """The model calls ``tools`` (``module.function`` paths); see the module's docstring. Its rows: ``value of
-    k37?``, answered by the value ``lookup(k37)`` returns, for one of ``keys`` keys. ``instructions``: a system
-    message telling the model the syntax and the tools (their first docstring lines); off for a model that
-    learns the syntax from rewards alone (the tiny one, whose context is short)."""
-
-    STOP = ("</tool>",)
+    k37?``, answered by the value ``lookup(k37)`` returns, for one of ``keys`` keys. ``format``: how calls are
+    written (``rltrain.llm.tools``): ``tagged``, or ``template``, the chat template's own format (the template
+    lists the tools, from their signatures and docstrings, and renders their results). ``instructions``
+    (tagged): a system message telling the model the syntax and the tools (their first docstring lines); off
+    for a model that learns the syntax from rewards alone (the tiny one, whose context is short)."""
 
     def __init__(self, tools: tuple[str, ...] = ("rltrain.llm.tools.lookup",), keys: PositiveInt = 100,
                  timeout_s: PositiveNumber = 10.0, on_tool_error: Annotated[str, ON_TOOL_ERROR] = "observe",
-                 instructions: bool = False, seed: int = 0, split: str = "train"):
+                 instructions: bool = False, format: Annotated[str, FORMAT] = "tagged", seed: int = 0,
+                 split: str = "train"):
         super().__init__(seed, split)
         ON_TOOL_ERROR.check("env.on_tool_error", on_tool_error)
+        FORMAT.check("env.format", format)
         Integer(1).check("env.keys", keys)
-        self.keys, self.instructions = keys, instructions
+        self.keys, self.instructions, self.format = keys, instructions, format
         self.runner = ToolRunner(list(tools), timeout_s, on_tool_error)
+        # a tagged call ends the turn; a template's call is a turn of its own, ended by its end-of-turn token
+        self.STOP = ("</tool>",) if format == "tagged" else ()
+        self._parse = parse_calls if format == "tagged" else parse_template_calls
+
+    def template_tools(self) -> list | None:
+        return list(self.runner.tools.values()) if self.format == "template" else None
 
     def row(self, rng: random.Random) -> dict[str, str]:
         key = f"k{rng.randrange(self.keys)}"
@@ -108,12 +122,12 @@ class ToolEnv(LanguageEnv):
 
     def reset(self, row: dict) -> tuple[Any, list[dict]]:
         messages = [{"role": "user", "content": row["prompt"]}]
-        if self.instructions:
+        if self.instructions and self.format == "tagged":  # (a template lists the tools in its own words)
             messages.insert(0, {"role": "system", "content": describe_tools(self.runner.tools)})
         return None, messages
 
     def step(self, state: Any, reply: str) -> Step:
-        calls = parse_calls(reply, self.runner.tools)
+        calls = self._parse(reply, self.runner.tools)
         if not calls:  # the final answer
             return Step(done=True)
         messages, errors = [], 0

@@ -49,12 +49,15 @@ class Limits:
 class Conversation:
     """Turns messages into the token ids an episode appends (see the module's docstring, Rendering)."""
 
-    def __init__(self, tokenizer, template: bool):
-        self.tokenizer, self.template = tokenizer, template
+    def __init__(self, tokenizer, template: bool, tools: list | None = None):
+        """``tools``: the functions the template lists for the model (a tool environment's, in the template's
+        format)."""
+        self.tokenizer, self.template, self.tools = tokenizer, template, tools
 
     def opening(self, messages: list[dict]) -> list[int]:
         if self.template:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            text = self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                                      add_generation_prompt=True)
         else:
             text = "\n".join(m["content"] for m in messages)
         return self._ids(text)

@@ -29,15 +29,15 @@ _MADE = "rltrain_tiny.json"  # written last: a dir without it was cut short and 
 _FORMAT = 2  # in _MADE; a cached dir of another format is made again (1: 16-wide heads, which vLLM's CPU build refuses)
 
 
-def make_tokenizer():
-    """A character-level fast tokenizer: one token per character of ``CHARACTERS``, with pad, bos,
+def make_tokenizer(characters: str = CHARACTERS):
+    """A character-level fast tokenizer: one token per character of ``characters``, with pad, bos,
     eos and unk tokens; ``decode`` gives the text back exactly. Byte-level BPE without merges (each
     character its byte-level symbol: a space is ``Ġ``), the form of Qwen2's and Llama 3's tokenizers,
     so that transformers' own tokenizer classes for those models read it as it is written."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {token: i for i, token in enumerate([*SPECIALS, *(_byte_level(c) for c in CHARACTERS)])}
+    vocab = {token: i for i, token in enumerate([*SPECIALS, *(_byte_level(c) for c in characters)])}
     tok = Tokenizer(models.BPE(vocab, merges=[], unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()

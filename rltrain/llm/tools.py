@@ -1,12 +1,14 @@
 """Tools a language model calls during an episode (``rltrain.llm.environments.ToolEnv``): plain Python functions,
 named by their import path in the config, run in a process of their own with a timeout.
 
-**The call syntax** for a model without a chat template of its own (the tiny model): the text
+**The call syntax** (``env.format=tagged``), for a model without a chat template of its own (the tiny model): the text
 ``<tool>NAME(ARGUMENTS)</tool>``, anywhere in the model's turn, once or several times. ``ARGUMENTS`` is split
 on commas into the tool's parameters, in order (the last one takes the rest of the text, commas and all:
 ``<tool>calculator(2*(3+4))</tool>``, ``<tool>lookup(k37)</tool>``), each stripped of spaces; the tool gets
 strings. A call that does not parse, names no tool of the env, or has too few arguments is not an error of
-the run: its observation says what was wrong, and the model sees it (``parse_calls``).
+the run: its observation says what was wrong, and the model sees it (``parse_calls``). With a chat template
+that lists tools (``env.format=template``), the model calls them in the template's own format, a JSON object
+between ``<tool_call>`` tags (``parse_template_calls``), and the template renders the results.
 
 **Running them.** ``ToolRunner`` calls the tools in a child process: a tool that raises gives its error as the
 observation (or fails the run naming the tool and the call, ``on_error: fail``), and one that runs past its
@@ -23,6 +25,7 @@ import ast
 import hashlib
 import importlib
 import inspect
+import json
 import operator
 import re
 import traceback
@@ -43,8 +46,8 @@ class ToolError(RunError):
 
 @dataclass(frozen=True)
 class Call:
-    """One call the model wrote: the tool's name and its arguments (strings); ``problem``, why it cannot be
-    run (then the observation), or None."""
+    """One call the model wrote: the tool's name and its arguments (strings, in order; or, from the chat
+    template's format, (name, value) pairs); ``problem``, why it cannot be run (then the observation), or None."""
 
     text: str
     name: str = ""
@@ -73,6 +76,38 @@ def parse_calls(reply: str, tools: dict[str, Callable]) -> list[Call]:
                                       f"got {len(arguments)}"))
             continue
         calls.append(Call(text, name, arguments))
+    return calls
+
+
+TEMPLATE_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+TEMPLATE_SYNTAX = 'a call is written <tool_call>{"name": NAME, "arguments": {PARAMETER: VALUE, ...}}</tool_call>'
+
+
+def parse_template_calls(reply: str, tools: dict[str, Callable]) -> list[Call]:
+    """The calls in ``reply`` written in the chat templates' format (Qwen's, Hermes'): a JSON object with the
+    tool's ``name`` and its ``arguments`` (an object: the tool's parameters by name) between ``<tool_call>``
+    tags. Each checked against ``tools``; a call that cannot run says why, as ``parse_calls``'s do."""
+    calls = []
+    for match in TEMPLATE_CALL.finditer(reply):
+        text = match.group(0)
+        try:
+            call = json.loads(match.group(1))
+        except json.JSONDecodeError:
+            call = None
+        if not isinstance(call, dict) or not isinstance(call.get("name"), str) \
+                or not isinstance(call.get("arguments", {}), dict):
+            calls.append(Call(text, problem=TEMPLATE_SYNTAX))
+            continue
+        name, arguments = call["name"], call.get("arguments", {})
+        if name not in tools:
+            calls.append(Call(text, name, problem=f"no tool {name!r}; the tools are {', '.join(sorted(tools))}"))
+            continue
+        try:
+            inspect.signature(tools[name]).bind(**arguments)
+        except TypeError as e:
+            calls.append(Call(text, name, problem=f"{name}: {e}"))
+            continue
+        calls.append(Call(text, name, tuple(arguments.items())))
     return calls
 
 
@@ -158,7 +193,10 @@ def _serve(conn, paths: list[str]) -> None:
     while (request := next_request(conn)) is not None:
         _, name, arguments = request
         try:
-            conn.send(("result", True, str(tools[name](*arguments))))
+            if arguments and isinstance(arguments[0], tuple):  # by name (the chat template's format)
+                conn.send(("result", True, str(tools[name](**dict(arguments)))))
+            else:
+                conn.send(("result", True, str(tools[name](*arguments))))
         except Exception as e:  # noqa: BLE001  (the model's call failed: it sees why)
             frames = traceback.extract_tb(e.__traceback__)
             where = f" (line {frames[-1].lineno})" if frames else ""
@@ -172,7 +210,11 @@ _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.m
 
 
 def calculator(expression: str) -> str:
-    """The value of an arithmetic ``expression`` (numbers, + - * / // % **, parentheses); integers stay exact."""
+    """The value of an arithmetic expression (numbers, + - * / // % **, parentheses); integers stay exact.
+
+    Args:
+        expression: the expression, e.g. 2*(3+4)
+    """
     def value(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
             return node.value
@@ -190,7 +232,11 @@ def calculator(expression: str) -> str:
 
 
 def lookup(key: str) -> str:
-    """The value stored under ``key`` in a made-up store (two digits, the same in every run)."""
+    """The value stored under a key in a made-up store (two digits, the same in every run).
+
+    Args:
+        key: the key, e.g. k37
+    """
     return lookup_value(key)
 
 
