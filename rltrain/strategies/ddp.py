@@ -19,6 +19,7 @@ import datetime
 import io
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -34,6 +35,9 @@ from rltrain.rules import PositiveNumber
 from rltrain.strategies.base import Strategy
 
 TORCHRUN = "torchrun --standalone --nproc-per-node=2 -m rltrain"  # the launch line errors suggest
+
+
+_EXITING_S = 3.0  # how long a killed rank of this machine may take to show as dead, once its sockets closed
 
 
 def _alive(pid: int) -> bool:
@@ -173,7 +177,14 @@ class DDP(Strategy):
         if not isinstance(error, (RuntimeError, dist.DistError)):
             return None
         host = socket.gethostname()
-        gone = [r for r, (h, pid) in enumerate(self.members) if r != self.rank and h == host and not _alive(pid)]
+        local = [r for r, (h, _) in enumerate(self.members) if r != self.rank and h == host]
+        gone = [r for r in local if not _alive(self.members[r][1])]
+        # A killed process's sockets close while it exits, before /proc shows it dead: a peer that went away
+        # is looked for among this machine's ranks for a moment before it is said to be another machine's.
+        deadline = time.monotonic() + _EXITING_S
+        while not gone and local and process_groups.is_peer_gone(error) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            gone = [r for r in local if not _alive(self.members[r][1])]
         first = text.splitlines()[0] if text else type(error).__name__
         if gone:
             names = ", ".join(f"rank {r} (pid {self.members[r][1]})" for r in gone)
