@@ -8,6 +8,7 @@ Each part states its own rules (``rltrain.rules``: annotated constructor paramet
 from __future__ import annotations
 
 import difflib
+import heapq
 import importlib
 import importlib.util
 import inspect
@@ -33,6 +34,7 @@ from rltrain.envs.vector import make_envs
 from rltrain.errors import ConfigError
 from rltrain.llm.engine import Engine
 from rltrain.llm.environments import check_interface, is_language_env
+from rltrain.llm.rollout import Conversation
 from rltrain.llm.tasks import Task
 from rltrain.loggers import Logger
 from rltrain.protocols import Algo, Collector, missing_members
@@ -450,11 +452,11 @@ def _check_task(cfg: DictConfig, parts: dict[str, tuple[type, dict]]) -> Task:
     prompts = [row["prompt"] for split_rows in rows.values() for row in split_rows]
     model.check_prompts(prompts, parts["collector"][1].get("max_new_tokens", 16), "collector.max_new_tokens")
     if is_language_env(task):
-        _check_episodes(task, cfg, parts, prompts, model)
+        _check_episodes(task, cfg, parts, model)
     return task
 
 
-def _check_episodes(env, cfg: DictConfig, parts: dict[str, tuple[type, dict]], prompts: list[str], model) -> None:
+def _check_episodes(env, cfg: DictConfig, parts: dict[str, tuple[type, dict]], model) -> None:
     """A language environment's: the interface, an engine that takes token ids, and room for a turn."""
     check_interface(env, f"env._target_={cfg.env._target_}")
     engine = parts["engine"][0]
@@ -471,9 +473,22 @@ def _check_episodes(env, cfg: DictConfig, parts: dict[str, tuple[type, dict]], p
     if values.get("max_lag"):
         raise ConfigError("collector.max_lag=1 generates a batch during the update, and an episode of several "
                           f"turns (env={type(env).__name__}) is played turn by turn: use collector.max_lag=0")
+    strategy = parts["strategy"][0] if "strategy" in parts else Single
+    if capability(strategy, Strategy, "SHARDED"):
+        raise ConfigError(f"env={type(env).__name__} plays episodes of several turns, which "
+                          f"{_label('strategy', strategy)} does not run yet (its ranks generate in step, and each "
+                          "rank's episodes end at a turn of their own): use strategy=ddp")
     budget = values.get("max_context")
-    if budget is not None:
-        longest = max(len(model.tokenizer()(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    if budget is not None and Path(model.source()).is_dir():
+        context = model.context()
+        if context is not None and budget > context:
+            raise ConfigError(f"collector.max_context={budget} is beyond the context of model.path={model.path} "
+                              f"({context} tokens): lower it, or leave it null (the model's context)")
+        tokenizer = model.tokenizer()
+        template = bool(model.chat_template and getattr(tokenizer, "chat_template", None))
+        conversation = Conversation(tokenizer, template, getattr(env, "template_tools", lambda: None)())
+        rows = heapq.nlargest(16, env.rows_to_check()["train"], key=lambda row: len(row["prompt"]))
+        longest = max(len(conversation.opening(env.reset(row)[1])) for row in rows)
         if longest >= budget:
             raise ConfigError(f"collector.max_context={budget} leaves no room for a turn after the longest opening "
                               f"prompt ({longest} tokens); raise it above {longest}")

@@ -165,6 +165,11 @@ def tool_that_hangs(x: str) -> str:
         time.sleep(1)
 
 
+def tool_that_exits(x: str) -> str:
+    """Ends its process."""
+    os._exit(3)
+
+
 NOT_A_TOOL = 42
 
 

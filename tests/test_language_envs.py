@@ -35,7 +35,8 @@ def test_the_calculator_does_arithmetic_and_nothing_else():
 
 def test_tools_run_in_a_process_of_their_own_errors_are_observations_and_a_hang_is_cut():
     runner = ToolRunner(["rltrain.llm.tools.lookup", "tests.parts_for_tests.tool_that_raises",
-                         "tests.parts_for_tests.tool_that_hangs"], timeout_s=1.0)
+                         "tests.parts_for_tests.tool_that_hangs", "tests.parts_for_tests.tool_that_exits"],
+                        timeout_s=1.0)
     try:
         [call] = parse_calls("<tool>lookup(k3)</tool>", runner.tools)
         assert runner.run(call) == (lookup("k3"), False)
@@ -47,9 +48,13 @@ def test_tools_run_in_a_process_of_their_own_errors_are_observations_and_a_hang_
         assert runner.run(hangs) == ("error: tool_that_hangs did not answer within 1s", True)
         assert not first.is_alive()  # cut: killed, and a fresh process takes the next call
         assert runner.run(call) == (lookup("k3"), False)
+        [exits] = parse_calls("<tool>tool_that_exits(abc)</tool>", runner.tools)
+        text, failed = runner.run(exits)
+        assert failed and text.startswith("error: tool_that_exits ended its process (the tool process (pid ")
+        assert runner.run(call) == (lookup("k3"), False)  # a fresh process
         [unknown] = parse_calls("<tool>nope(1)</tool>", runner.tools)
-        assert runner.run(unknown) == ("error: no tool 'nope'; the tools are lookup, tool_that_hangs, "
-                                       "tool_that_raises", True)
+        assert runner.run(unknown) == ("error: no tool 'nope'; the tools are lookup, tool_that_exits, "
+                                       "tool_that_hangs, tool_that_raises", True)
     finally:
         last = runner._child.process
         runner.close()
@@ -169,6 +174,10 @@ def test_episodes_train_on_the_engines_own_tokens_and_its_log_probs_are_the_lear
     (("env=guess", "collector.max_context=4"), "collector.max_context=4 leaves no room for a turn after the "
                                                "longest opening prompt (10 tokens); raise it above 10"),
     (("env=guess", "collector.max_turns=0"), "collector.max_turns"),
+    (("env=guess", "collector.max_context=100000"), "collector.max_context=100000 is beyond the context of "
+                                                    "model.path=tiny (256 tokens)"),
+    (("env=guess", "strategy=fsdp"), "env=GuessNumber plays episodes of several turns, which strategy=fsdp does not "
+                                     "run yet"),
     (("env=tools", "env.format=template"), "env.format=template has the model call tools in its chat template's "
                                            "format, and model.path="),
     (("env=tools", "env.format=json"), "env.format must be tagged (<tool>NAME(ARGUMENTS)</tool>) or template"),
@@ -325,3 +334,23 @@ def test_with_a_chat_template_tools_are_listed_called_and_answered_in_its_format
     batch = as_batch([episode], 1, Sampling(), Rewards({"correct": correct_answer}), tokenizer.pad_token_id, 0,
                      0.0, 16)
     assert float(batch["reward"]) == 1.0  # the last reply, scored
+
+
+def test_an_episode_with_no_room_left_is_cut_before_it_generates_and_never_trains_on_padding():
+    # max_context below an opening (a longer row than the config check saw, or a template's system message):
+    # such episodes end truncated with no token of their own; the others play on
+    from rltrain.llm.engine import Sampling, TransformersEngine
+    from rltrain.llm.model import LanguageModel
+    from rltrain.llm.rollout import Conversation, Limits, run_episodes
+    from rltrain.llm.tiny import tiny_model_dir
+
+    model = LanguageModel(str(tiny_model_dir()))
+    engine = TransformersEngine(model.load(), model.tokenizer())
+    env = GuessNumber(low=1, high=99, max_guesses=4, seed=1)
+    rows = [{"prompt": "guess 1-99:", "answer": "50"}, {"prompt": "guess:", "answer": "50"}]
+    episodes, _ = run_episodes(engine, env, Conversation(model.tokenizer(), False), rows, 2,
+                               Sampling(max_new_tokens=4), Limits(max_turns=3, context=9), seed=0)
+    long, short = episodes[:2], episodes[2:]
+    assert all(e.truncated and e.done and e.tail == [] and e.turns == 0 for e in long)
+    assert all(e.turns >= 1 and e.length() <= 9 and len(e.own) == len(e.tail) for e in short)
+    assert model.tokenizer().pad_token_id not in [t for e in short for t, own in zip(e.tail, e.own) if own]

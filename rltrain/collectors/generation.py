@@ -99,7 +99,8 @@ class GenerationCollector(Collector):
         if self.env is not None:
             template = bool(model.chat_template and getattr(engine.tokenizer, "chat_template", None))
             tools = getattr(task, "template_tools", lambda: None)()  # (the functions a template lists)
-            self.episodes = Episodes(Conversation(engine.tokenizer, template, tools), Limits(max_turns, max_context),
+            limits = Limits(max_turns, max_context or model.context())  # (by default, the model's context)
+            self.episodes = Episodes(Conversation(engine.tokenizer, template, tools), limits,
                                      with_turn_tokens(self.sampling, getattr(task, "STOP", ())), discount)
 
     def __iter__(self) -> Iterator[TensorDict]:

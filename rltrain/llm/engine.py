@@ -206,7 +206,8 @@ class TransformersEngine(Engine):
         texts = [tok.decode(row[:n], skip_special_tokens=True) for row, (n, _) in zip(ids.tolist(), lengths)]
         if self._turns is not None:  # kept for the next turn: every row's tokens so far, and their keys and values
             whole = torch.cat([prompt_mask, mask], dim=1)
-            self._turns = (out.sequences, whole, getattr(out, cache_name(model)),
+            cache = getattr(out, "past_key_values", None) or getattr(out, cache_name(model), None)
+            self._turns = (out.sequences, whole, cache,
                            {tuple(row[m.bool()].tolist()): i for i, (row, m) in enumerate(zip(out.sequences, whole))})
         return Generated(prompt_ids, prompt_mask, ids.masked_fill(mask == 0, tok.pad_token_id), mask,
                          logprobs.masked_fill(mask == 0, 0.0),

@@ -233,6 +233,12 @@ class LanguageModel:
             return model
         return copy.deepcopy(model).merge_and_unload()
 
+    def context(self) -> int | None:
+        """The tokens the model reads at most (its config's ``max_position_embeddings``), None where it says none."""
+        from transformers import AutoConfig
+
+        return getattr(AutoConfig.from_pretrained(self.source()).get_text_config(), "max_position_embeddings", None)
+
     def tokenizer(self):
         """The model's tokenizer, padding on the left (prompts end where generation starts); a
         tokenizer without a pad token pads with its eos token."""

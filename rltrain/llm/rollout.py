@@ -16,13 +16,15 @@ opening is the first message's content, a tool's result is appended as ``<result
 other message as its content on a line of its own.
 
 **Limits.** ``max_turns`` model turns at most; each turn at most the collector's ``max_new_tokens``; the whole
-episode (prompt and every turn) at most ``context`` tokens. An episode that ends by a limit, not by the
-environment, is cut and marked ``truncated``.
+episode (prompt and every turn) at most ``context`` tokens (by default the model's context). An episode that
+ends by a limit, not by the environment, is cut and marked ``truncated``, as is one whose last turn was cut at
+``max_new_tokens``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict
 
+from rltrain.errors import NonFiniteError
 from rltrain.llm.engine import Engine, Sampling
 from rltrain.llm.rewards import Rewards
 
@@ -40,7 +43,8 @@ _MARK = "\x00rltrain-turn\x00"  # stands for a model turn while the template ren
 
 @dataclass(frozen=True)
 class Limits:
-    """How long an episode may run: model turns, and tokens in all (None: the model's context)."""
+    """How long an episode may run: model turns, and tokens in all (None: no bound; the collector passes the
+    model's context)."""
 
     max_turns: int = 4
     context: int | None = None
@@ -124,19 +128,22 @@ def _play(engine: Engine, env, conversation: Conversation, episodes: list[Episod
     """``run_episodes``'s turns; the seconds generation took."""
     generate_s = 0.0
     for turn in range(max_turns):
+        for episode in episodes:
+            if not episode.done and episode.length() >= context:  # no room left for a token of a turn
+                episode.done = episode.truncated = True
         running = [e for e in episodes if not e.done]
         if not running:
             break
         started = time.perf_counter()
         turn_seed = None if seed is None else seed + turn
-        if turn == 0:  # each row's group from its one prompt (its pass is shared)
+        if turn == 0 and len(running) == len(episodes):  # each row's group from its one prompt (one pass each)
             generated = engine.generate([e.prompt for e in running[::group_size]], group_size, sampling, turn_seed)
         else:
             generated = engine.generate([e.prompt + e.tail for e in running], 1, sampling, turn_seed)
         generate_s += time.perf_counter() - started
         for i, episode in enumerate(running):
             n = int(generated.completion_mask[i].sum())
-            room = context - episode.length()
+            room = max(context - episode.length(), 0)
             ids = generated.completion_ids[i, :min(n, room)].tolist()
             episode.tail += ids
             episode.own += [True] * len(ids)
@@ -146,11 +153,16 @@ def _play(engine: Engine, env, conversation: Conversation, episodes: list[Episod
                 episode.done = episode.truncated = True
                 continue
             step = env.step(episode.state, generated.texts[i])
-            episode.state = step.state
-            episode.env_reward += discount ** turn * step.reward
+            reward = float(step.reward)
+            if not math.isfinite(reward):
+                raise NonFiniteError(f"env {type(env).__name__} gave the reward {step.reward!r} at turn {turn + 1} "
+                                     f"of an episode on {episode.row['prompt']!r}: a reward must be a finite number")
+            episode.state = episode.state if step.state is None else step.state  # (None: unchanged)
+            episode.env_reward += discount ** turn * reward
             episode.counts.update(step.counts)
             if step.done:
                 episode.done = True
+                episode.truncated = bool(generated.truncated[i])  # its last turn cut at max_new_tokens
                 continue
             answer = conversation.answer(step.messages, ended_with(ids, engine.tokenizer.eos_token_id))
             if turn == max_turns - 1 or episode.length() + len(answer) >= context:

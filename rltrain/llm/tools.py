@@ -156,15 +156,22 @@ class ToolRunner:
             return f"error: {call.problem}", True
         if self._child is None:
             self._child = ChildProcess(_serve, (self.paths,), "the tool process", task="running tools")
-            self._child.wait_for("ready", _START_S)  # (its start is not the call's time)
+            try:
+                self._child.wait_for("ready", _START_S)  # (its start is not the call's time)
+            except BaseException:
+                self.close()
+                raise
         try:
             self._child.send(("call", call.name, call.arguments), doing=f"running {call.text}")
             answer = self._child.wait_for("result", self.timeout_s)
-        except RunError:
-            if self._child.process.is_alive():  # past its timeout: cut
-                self.close()
+        except RunError as e:
+            timed_out = self._child.process.is_alive()  # past its timeout (else the call killed the process)
+            self.close()
+            if timed_out:
                 return f"error: {call.name} did not answer within {self.timeout_s:g}s", True
-            raise
+            if self.on_error == "fail":
+                raise ToolError(f"tool {call.name} ended its process on the call {call.text}: {e}") from None
+            return f"error: {call.name} ended its process ({e})", True
         self._child.doing = "waiting"
         _, ok, text = answer
         if ok:
@@ -197,7 +204,7 @@ def _serve(conn, paths: list[str]) -> None:
                 conn.send(("result", True, str(tools[name](**dict(arguments)))))
             else:
                 conn.send(("result", True, str(tools[name](*arguments))))
-        except Exception as e:  # noqa: BLE001  (the model's call failed: it sees why)
+        except BaseException as e:  # noqa: BLE001  (the model's call failed, sys.exit too: it sees why)
             frames = traceback.extract_tb(e.__traceback__)
             where = f" (line {frames[-1].lineno})" if frames else ""
             conn.send(("result", False, f"{type(e).__name__}: {e}{where}"))
