@@ -216,8 +216,8 @@ def test_an_engine_of_your_own_is_a_target_away_and_learns_the_one_token_task(tm
      "sync=shared_mem delivers weights as module, and engine._target_=tests.parts_for_tests.PushOnlyEngine takes "
      "them as push; use sync=vllm_transfer"),
     (("engine._target_=tests.parts_for_tests.KLPenaltyPPO",),
-     "engine._target_=tests.parts_for_tests.KLPenaltyPPO lacks version, generate_s, generate, submit, collect, "
-     "transfer_client, close of rltrain's Engine interface; add them (see rltrain.llm.engine.Engine"),
+     "engine._target_=tests.parts_for_tests.KLPenaltyPPO lacks version, generate_s, generate, submit, turns, "
+     "refresh, collect, transfer_client, close of rltrain's Engine interface; add them (see rltrain.llm.engine.Engine"),
     (("~engine",), "the language task ReverseDigits needs a generation engine, and the config has none; "
                        "choose one with engine=transformers"),
 ])
