@@ -219,19 +219,19 @@ def test_the_docs_environment_of_your_own_runs_as_written(tmp_path):
 
 @pytest.mark.slow
 def test_grpo_plays_the_guessing_game_better_with_training(tmp_path):
-    # the tiny model from random weights, numbers 1-8, 4 guesses: seeded, 16k episodes (about a minute here)
+    # the tiny model from random weights, numbers 1-8, 4 guesses: seeded, 16k episodes (about 30 s here)
     import json
 
     from tests.conftest import run_cli
 
     result = run_cli("algo=grpo", "env=guess", "collector.max_new_tokens=2", "trainer.total_frames=16384", "seed=0",
-                     "hooks.eval.every=null", "hooks.checkpoint.every=null", "hydra.run.dir=run", cwd=tmp_path,
-                     timeout=900)
+                     "hooks.eval.every=null", "hooks.checkpoint.every=null", "~hooks.log.every",
+                     "+hooks.log.every={batches: 1}", "hydra.run.dir=run", cwd=tmp_path, timeout=900)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]
-    first, last = sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
-    assert first < 0.1 and last > 0.15 and last > 2 * first, rewards  # measured: 0.08 -> 0.21 (seed 0)
+    rewards = [r["reward/mean"] for r in rows if "reward/mean" in r]  # one row a batch (rows by time vary by machine)
+    first, last = sum(rewards[:16]) / 16, sum(rewards[-16:]) / 16  # the first and last 2,048 episodes
+    assert first < 0.1 and last > first + 0.06, (first, last, rewards)  # measured: 0.070 -> 0.204 (seed 0)
 
 
 def test_the_in_process_engine_keeps_each_episodes_kv_cache_across_its_turns(monkeypatch):
