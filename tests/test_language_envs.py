@@ -167,6 +167,79 @@ def test_episodes_train_on_the_engines_own_tokens_and_its_log_probs_are_the_lear
     assert (flat["log_prob"][~own] == 0).all()
 
 
+def taught_the_call_syntax(out, steps: int = 300):
+    """The tiny model (random weights), then ``steps`` steps of next-token loss on tool calls in ``env=tools``'s
+    tagged syntax, with keys drawn at random (not the row's): a model that calls ``lookup``, most often
+    well-formed, but knows nothing of which key to ask for (the tiny model from random weights never writes a
+    call of 23 characters by chance)."""
+    import random
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rltrain.llm.tiny import tiny_model_dir
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir())
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir())
+    rng, optimizer = random.Random(0), torch.optim.AdamW(model.parameters(), lr=1e-3)
+    torch.manual_seed(0)
+    for _ in range(steps):
+        pairs = [(tokenizer(f"value of k{rng.randrange(10)}?", add_special_tokens=False)["input_ids"],
+                  tokenizer(f"<tool>lookup(k{rng.randrange(10)})</tool>", add_special_tokens=False)["input_ids"])
+                 for _ in range(32)]
+        ids = torch.tensor([p + c for p, c in pairs])
+        own = torch.tensor([[0] * len(p) + [1] * len(c) for p, c in pairs])[:, 1:].bool()
+        logits = model(ids).logits[:, :-1]
+        loss = torch.nn.functional.cross_entropy(logits[own], ids[:, 1:][own])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def test_over_a_thousand_tool_episodes_the_learner_trains_on_the_engines_tokens_and_log_probs(tmp_path):
+    # 1,024 episodes of env=tools (keys k0-k9) with a model that calls the tool: every model token the learner
+    # trains on is, turn by turn, the token the engine generated; every other token is the tool's result as it
+    # was tokenized alone; the learner's log-probs of the model's tokens equal the engine's (measured: 7.4e-6 at most)
+    from rltrain.algos.grpo import token_logprobs
+    from rltrain.llm.engine import Sampling, TransformersEngine
+    from rltrain.llm.model import LanguageModel
+    from rltrain.llm.rewards import Rewards
+    from rltrain.llm.rollout import Conversation, Limits, as_batch, run_episodes, with_turn_tokens
+
+    model = LanguageModel(str(taught_the_call_syntax(tmp_path / "taught")))
+    tokenizer = model.tokenizer()
+    engine = TransformersEngine(model.load(), tokenizer)
+    generated = []  # each generate call's completions, as the engine returned them
+    generate = engine.generate
+
+    def recording(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        generated.append([row[mask.bool()].tolist() for row, mask in zip(out.completion_ids, out.completion_mask)])
+        return out
+
+    engine.generate = recording
+    env = ToolEnv(keys=10, seed=1)
+    sampling = with_turn_tokens(Sampling(temperature=1.0, max_new_tokens=24), env.STOP)
+    try:
+        episodes, _ = run_episodes(engine, env, Conversation(tokenizer, template=False), env.take(128), 8, sampling,
+                                   Limits(max_turns=3), seed=0)
+    finally:
+        env.close()
+    assert len(episodes) == 1024 and sum(e.counts["tool_calls"] > 0 for e in episodes) > 512
+    for i, e in enumerate(episodes):  # turn t's call generated for the episodes still running, in their order
+        turns = [generated[t][sum(o.turns > t for o in episodes[:i])] for t in range(e.turns)]
+        assert [t for t, own in zip(e.tail, e.own) if own] == [t for turn in turns for t in turn]
+        results = tokenizer.decode([t for t, own in zip(e.tail, e.own) if not own])
+        assert all(r.startswith("<result>") for r in results.split("</result>")[:-1]), results
+    flat = as_batch(episodes, 8, sampling, Rewards(env.REWARDS), tokenizer.pad_token_id, 0, 0.0, 72).reshape(-1)
+    with torch.no_grad():
+        learner, _ = token_logprobs(engine.model, flat, group_size=8)
+    own = flat["loss_mask"].bool()
+    assert (learner[own] - flat["log_prob"][own]).abs().max() < 1e-4
+
+
 @pytest.mark.parametrize("overrides, says", [
     (("env=tools", "engine._target_=tests.parts_for_tests.PlainSamplingEngine"),
      "env=ToolEnv plays episodes of several turns, which need an engine that takes token ids (TOKEN_PROMPTS); "

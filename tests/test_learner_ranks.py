@@ -167,6 +167,16 @@ def test_a_grpo_ddp_run_stopped_and_resumed_matches_an_uninterrupted_one(tmp_pat
     assert [r["reward/mean"] for r in learning_rows(split)][-1] > 0
 
 
+def test_episodes_of_several_turns_on_two_ddp_ranks_stop_and_resume_as_an_uninterrupted_run(tmp_path):
+    # each rank plays its share of the guessing game's episodes (their turns differ from rank to rank); the
+    # episode metrics are the job's (reduced across the ranks)
+    run = ("algo=grpo", "env=guess", "collector.max_new_tokens=2", "trainer.total_frames=1536", "seed=3",
+           "~hooks.log.every", "+hooks.log.every={batches:2}")
+    split = stopped_and_resumed(tmp_path, (*DDP, *run), 768)
+    rows = learning_rows(split)
+    assert rows[-1]["frames"] == 1536 and 1 < rows[-1]["episode/turns"] <= 4
+
+
 def test_ppo_on_two_ddp_ranks_solves_cartpole_and_rank_0_alone_writes_the_run(tmp_path):
     result = torchrun(*DDP, "hooks.eval.episodes=2", cwd=tmp_path, nproc=2)
     assert result.returncode == 0, result.stdout + result.stderr

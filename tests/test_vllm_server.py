@@ -36,6 +36,7 @@ from tests.test_vllm import (
     _learner_probe,
     _left_behind,
     _shm,
+    assert_episodes_train_on_the_engine_s_tokens,
     assert_once_each,
     connected,
     fails_when_killed_mid_run,
@@ -192,6 +193,17 @@ def test_a_learner_the_server_cannot_take_is_refused_naming_its_weights(server, 
         assert torch.allclose(engine.probe(ids)[0], _learner_probe(model, learner, ids), atol=1e-4)
     finally:
         engine.close()
+
+
+def test_episodes_of_several_turns_through_the_server_train_on_its_tokens_and_its_log_probs(server):
+    # token-id prompts over HTTP, one request per turn across the episodes still running
+    url, model_dir, *_ = server
+    model, learner, sender, engine = _connected(url, model_dir)
+    try:
+        assert_episodes_train_on_the_engine_s_tokens(engine, learner, model.tokenizer())
+    finally:
+        engine.close()
+        sender.close()
 
 
 @pytest.mark.slow
