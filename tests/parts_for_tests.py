@@ -170,6 +170,14 @@ def tool_that_exits(x: str) -> str:
     os._exit(3)
 
 
+def lookup(key: str) -> str:
+    """A store of other values than rltrain.llm.tools.lookup's (each moved by 50): a model that answers from
+    memory gets them wrong, one that says what its tool returned gets them right."""
+    from rltrain.llm.tools import lookup_value
+
+    return f"{(int(lookup_value(key)) + 50) % 100:02d}"
+
+
 NOT_A_TOOL = 42
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import pathlib
 
 import pytest
 import torch
@@ -38,6 +39,24 @@ def test_the_cached_tiny_model_is_made_once(tmp_path, monkeypatch):
     assert tiny_model_dir() == first and (first / "model.safetensors").stat().st_mtime_ns == made
     (first / "rltrain_tiny.json").unlink()  # as if a crash cut the first making short
     assert tiny_model_dir() == first and (first / "rltrain_tiny.json").exists()
+
+
+def test_a_cold_start_writes_a_whole_model_dir_or_nothing(tmp_path, monkeypatch):
+    from rltrain.llm import cold_start
+
+    path = cold_start.teach_tool_calls(tmp_path / "taught", keys=3, copy_steps=2, call_steps=2)
+    made = json.loads((path / "rltrain_tiny.json").read_text())
+    assert made["cold_start"] == "tool_calls" and made["keys"] == 3
+    assert AutoModelForCausalLM.from_pretrained(path).config.model_type == "qwen2"
+
+    def fail(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    cold_start.tiny_model_dir()  # (made before the failure below)
+    monkeypatch.setattr(pathlib.PosixPath, "chmod", fail)  # the last step before the rename
+    with pytest.raises(OSError):
+        cold_start.teach_tool_calls(tmp_path / "cut", keys=3, copy_steps=1, call_steps=1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["taught"]  # no half-written dir, no staging left
 
 
 def test_every_character_of_the_built_in_tasks_is_a_token_of_the_tiny_tokenizer(tmp_path):

@@ -12,6 +12,7 @@ and returns it afterwards.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -81,29 +82,45 @@ def write_tiny_model(path: str | Path, arch: str = "qwen2", seed: int = 0, **siz
     tokenizer = make_tokenizer()
     model = make_model(len(tokenizer), arch, seed=seed, pad_token_id=tokenizer.pad_token_id,
                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **sizes)
+    with stage_model_dir(path, {"arch": arch, "seed": seed, **sizes}) as staging:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+    return path
+
+
+@contextlib.contextmanager
+def stage_model_dir(path: str | Path, made: dict):
+    """A temporary dir beside ``path`` to write a model dir into; once the block ends, it is marked whole
+    (``made``, with this format) and renamed to ``path``. A block that raises leaves nothing behind."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
-    model.save_pretrained(staging)
-    tokenizer.save_pretrained(staging)
-    (staging / _MADE).write_text(json.dumps({"format": _FORMAT, "arch": arch, "seed": seed, **sizes}) + "\n")
-    staging.chmod(0o755)  # mkdtemp makes it private
-    staging.replace(path)
+    try:
+        yield staging
+        (staging / _MADE).write_text(json.dumps({"format": _FORMAT, **made}) + "\n")
+        staging.chmod(0o755)  # mkdtemp makes it private
+        staging.replace(path)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def cached_model_dir(name: str, write) -> Path:
+    """The model dir ``name`` in rltrain's cache (``$RLTRAIN_CACHE/models``), made by ``write(path)`` on first use."""
+    path = Path(os.environ.get("RLTRAIN_CACHE", Path.home() / ".cache" / "rltrain")) / "models" / name
+    if not _made(path):
+        if path.exists():  # cut short by a crash, or of an older format: make it again
+            shutil.rmtree(path)
+        try:
+            write(path)
+        except OSError:
+            if not _made(path):  # not another process that made it first
+                raise
     return path
 
 
 def tiny_model_dir(name: str = "tiny-qwen2", arch: str = "qwen2", seed: int = 0) -> Path:
     """The dir of the tiny model ``name`` in rltrain's cache, made on first use."""
-    root = Path(os.environ.get("RLTRAIN_CACHE", Path.home() / ".cache" / "rltrain")) / "models"
-    path = root / name
-    if not _made(path):
-        if path.exists():  # cut short by a crash, or of an older format: make it again
-            shutil.rmtree(path)
-        try:
-            write_tiny_model(path, arch, seed)
-        except OSError:
-            if not _made(path):  # not another process that made it first
-                raise
-    return path
+    return cached_model_dir(name, lambda path: write_tiny_model(path, arch, seed))
 
 
 def _made(path: Path) -> bool:
