@@ -299,11 +299,17 @@ class TransformersEngine(Engine):
         """How many tokens of ``row`` the completion holds, and whether ``max_new_tokens`` cut it."""
         eos = self.tokenizer.eos_token_id
         end = row.index(eos) + 1 if eos in row else len(row)
-        if stop:
-            for n in range(1, end + 1):
-                if any(s in self.tokenizer.decode(row[:n]) for s in stop):
-                    return n, False
+        if stop and self._stops_in(row[:end], stop):
+            low, high = 1, end  # the shortest prefix that holds a stop string (a longer one holds it too)
+            while low < high:
+                middle = (low + high) // 2
+                low, high = (low, middle) if self._stops_in(row[:middle], stop) else (middle + 1, high)
+            return low, False
         return end, eos not in row[:end]
+
+    def _stops_in(self, ids: list[int], stop: tuple[str, ...]) -> bool:
+        text = self.tokenizer.decode(ids)
+        return any(s in text for s in stop)
 
 
 def left_padded(tokenizer, prompts: list[str] | list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
