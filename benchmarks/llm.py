@@ -13,6 +13,11 @@ callback's ``on_step_begin`` to ``on_step_end``; rltrain's from a hook that runs
 0.8 runs from the first step's start to the step that reached it. Start-up (imports, model loading)
 is in neither.
 
+GRPO beside TRL on episodes with a tool: the same, on ``env=tools`` (10 keys, up to 2 turns of up to 24
+tokens, lr 3e-4, to a mean reward of 0.9), from the model ``rltrain.llm.cold_start`` makes (it copies text
+and calls the tool with a key of its own choosing: right 1 in 10 by chance). TRL plays the episodes through
+a ``rollout_func`` over the same ``ToolEnv`` (benchmarks/trl_grpo.py ``--task tools``).
+
 Generation: ``TransformersEngine.generate(prompts, 8, Sampling(...))`` (one prefill per group's
 prompt, and each token's sampling log-prob) beside ``model.generate(**tokenizer(each prompt 8
 times), do_sample=True, ...)``, same model, the 16 prompts, temperature 1, top_p 1, top_k 0, the same
@@ -31,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks.core import OURS, ROOT, Goal, Row, Stat, Table
@@ -39,6 +45,8 @@ NAME, TITLE = "llm", "Language models"
 PROMPTS, GROUP, THRESHOLD, WINDOW = 16, 8, 0.8, 10
 LR = 3e-3  # both sides; algo=grpo's default is 1e-3 (no seed lets a digit's token die there, but it takes more steps)
 MAX_STEPS = 200
+# the tool task: 10 keys, a call turn then an answer turn; algo.lr 3e-4 (1e-3 unlearns the call syntax)
+TOOL_KEYS, TOOL_TURNS, TOOL_TOKENS, TOOL_LR, TOOL_THRESHOLD, TOOL_MAX_STEPS = 10, 2, 24, 3e-4, 0.9, 300
 SEEDS = [0, 1, 2]
 QUICK_STEPS = 5
 BARE = "model.generate"
@@ -55,30 +63,60 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
-def rltrain_run(model: Path, seed: int, max_new_tokens: int, steps: int, stop: bool) -> dict:
+@dataclass(frozen=True)
+class Task:
+    """What both sides train on: ``ours``, the run's overrides beyond ``algo=grpo``; ``theirs``, trl_grpo.py's
+    arguments beyond the shared ones."""
+
+    name: str
+    model: Path
+    lr: float
+    threshold: float
+    max_steps: int
+    ours: tuple[str, ...] = ()
+    theirs: tuple[str, ...] = ()
+
+
+def reverse_task(model: Path) -> Task:
+    return Task("reverse D: -> D", model, LR, THRESHOLD, MAX_STEPS)
+
+
+def tool_task() -> Task:
+    """Episodes of env=tools (rltrain.llm.cold_start's model: chance until it learns which key to ask for)."""
+    from rltrain.llm.cold_start import tool_caller_dir
+
+    return Task(f"env=tools episodes ({TOOL_KEYS} keys, up to {TOOL_TURNS} turns, the cold-started model)",
+                tool_caller_dir(TOOL_KEYS), TOOL_LR, TOOL_THRESHOLD, TOOL_MAX_STEPS,
+                ("env=tools", f"env.keys={TOOL_KEYS}", f"collector.max_turns={TOOL_TURNS}"),
+                ("--task", "tools", "--keys", str(TOOL_KEYS), "--max-turns", str(TOOL_TURNS)))
+
+
+def rltrain_run(task: Task, seed: int, max_new_tokens: int, steps: int, stop: bool) -> dict:
     """One ``python -m rltrain algo=grpo`` process with the step clock."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "clock.json"
-        cmd = [sys.executable, "-m", "rltrain", "algo=grpo", f"model.path={model}", f"seed={seed}", f"algo.lr={LR}",
-               f"collector.max_new_tokens={max_new_tokens}", f"trainer.total_frames={steps * PROMPTS * GROUP}",
-               "trainer.stop_at_return=null", f"hydra.run.dir={tmp}/run", "hooks.progress.bar=false",
+        cmd = [sys.executable, "-m", "rltrain", "algo=grpo", *task.ours, f"model.path={task.model}", f"seed={seed}",
+               f"algo.lr={task.lr}", f"collector.max_new_tokens={max_new_tokens}",
+               f"trainer.total_frames={steps * PROMPTS * GROUP}", "trainer.stop_at_return=null",
+               f"hydra.run.dir={tmp}/run", "hooks.progress.bar=false",
                "+hooks.clock._target_=benchmarks.step_clock.StepClock", f"+hooks.clock.path={out}",
-               f"+hooks.clock.threshold={THRESHOLD}", f"+hooks.clock.window={WINDOW}",
+               f"+hooks.clock.threshold={task.threshold}", f"+hooks.clock.window={WINDOW}",
                f"+hooks.clock.stop={str(stop).lower()}"]
-        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=900, env=_env())
+        subprocess.run(cmd, cwd=ROOT, check=True, capture_output=True, timeout=1800, env=_env())
         result = json.loads(out.read_text())
     result["command"] = " ".join(["python", *cmd[1:]]).replace(tmp, "TMP")
     return result
 
 
-def trl_run(python: str, model: Path, seed: int, max_new_tokens: int, steps: int, stop: bool) -> dict:
+def trl_run(python: str, task: Task, seed: int, max_new_tokens: int, steps: int, stop: bool) -> dict:
     """One benchmarks/trl_grpo.py process in TRL's Python."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "trl.json"
-        cmd = [python, "-m", "benchmarks.trl_grpo", "--model", str(model), "--steps", str(steps),
-               "--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--task-seed", str(seed), "--lr", str(LR),
-               "--threshold", str(THRESHOLD), "--out", str(out), *([] if stop else ["--no-stop"])]
-        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900, env=_env())
+        cmd = [python, "-m", "benchmarks.trl_grpo", *task.theirs, "--model", str(task.model), "--steps", str(steps),
+               "--max-new-tokens", str(max_new_tokens), "--seed", str(seed), "--task-seed", str(seed),
+               "--lr", str(task.lr), "--threshold", str(task.threshold), "--out", str(out),
+               *([] if stop else ["--no-stop"])]
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=3600, env=_env())
         if proc.returncode:
             lines = (proc.stderr or proc.stdout).strip().splitlines()
             raise RuntimeError(f"trl_grpo.py exited {proc.returncode}: {lines[-1] if lines else ''}")
@@ -87,26 +125,26 @@ def trl_run(python: str, model: Path, seed: int, max_new_tokens: int, steps: int
     return result
 
 
-def grpo_table(ctx, model: Path, notes: list[str]) -> tuple[Table, dict]:
+def grpo_table(ctx, task: Task, tokens: list[int], notes: list[str]) -> tuple[Table, dict]:
     trl = ctx.peer("trl")
     columns = [OURS, "trl"] if trl else [OURS]
-    seeds, steps = ([0], QUICK_STEPS) if ctx.quick else (SEEDS, MAX_STEPS)
-    tokens = [1] if ctx.quick else [1, 4]
-    what = (f"{QUICK_STEPS} steps (--quick: not run to {THRESHOLD})" if ctx.quick else
-            f"until the mean reward of the last {WINDOW} steps >= {THRESHOLD} (at most {MAX_STEPS} steps)")
-    table = Table(f"GRPO beside TRL, the tiny model on reverse D: -> D, {PROMPTS}x{GROUP} completions a step, CPU, "
-                  f"seeds {seeds}, {what}: step ms (generation + update) pooled over seeds, and seconds to "
-                  f"{THRESHOLD}, median [p10-p90]", columns, notes=notes + ctx.peer_notes("trl"))
+    seeds, steps = ([0], QUICK_STEPS) if ctx.quick else (SEEDS, task.max_steps)
+    tokens = tokens[:1] if ctx.quick else tokens
+    what = (f"{QUICK_STEPS} steps (--quick: not run to {task.threshold})" if ctx.quick else
+            f"until the mean reward of the last {WINDOW} steps >= {task.threshold} (at most {steps} steps)")
+    table = Table(f"GRPO beside TRL, the tiny model on {task.name}, {PROMPTS}x{GROUP} completions a step, lr "
+                  f"{task.lr:g}, CPU, seeds {seeds}, {what}: step ms (generation + update) pooled over seeds, and "
+                  f"seconds to {task.threshold}, median [p10-p90]", columns, notes=notes + ctx.peer_notes("trl"))
     raw = {}
     for n in tokens:
         runs = {OURS: [], "trl": []}
         for seed in seeds:  # interleaved: the machine's noise falls on both alike
             if trl:
                 try:
-                    runs["trl"].append(trl_run(trl.python or sys.executable, model, seed, n, steps, not ctx.quick))
+                    runs["trl"].append(trl_run(trl.python or sys.executable, task, seed, n, steps, not ctx.quick))
                 except Exception as e:  # noqa: BLE001  TRL failing leaves its cells empty
                     table.notes.append(f"trl failed (seed {seed}, max_new_tokens {n}): {e}")
-            runs[OURS].append(rltrain_run(model, seed, n, steps, not ctx.quick))
+            runs[OURS].append(rltrain_run(task, seed, n, steps, not ctx.quick))
         raw[n] = runs
         step_cells = {c: Stat([s * 1e3 for r in rs for s in r["step_seconds"]]) if rs else None
                       for c, rs in runs.items() if c in columns}
@@ -119,21 +157,33 @@ def grpo_table(ctx, model: Path, notes: list[str]) -> tuple[Table, dict]:
         if ctx.quick:
             continue
         wall_cells = {}
-        row = Row(f"max_new_tokens {n}: seconds to {THRESHOLD}", {}, target=">= 1.5x TRL",
+        row = Row(f"max_new_tokens {n}: seconds to {task.threshold}", {}, target=">= 1.5x TRL",
                   goals=(Goal("trl", at_least=1.5),))
         for c in columns:
             rs = runs[c]
             reached = [r["threshold_wall_s"] for r in rs if r["threshold_wall_s"] is not None]
             wall_cells[c] = Stat(reached, "s") if reached else None
             if rs:
-                row.extra[f"{c} steps to {THRESHOLD}"] = "/".join(str(r["threshold_step"] or "–") for r in rs)
+                row.extra[f"{c} steps to {task.threshold}"] = "/".join(str(r["threshold_step"] or "–") for r in rs)
                 if len(reached) < len(rs):
                     row.extra[f"{c} not reached"] = f"{len(rs) - len(reached)}/{len(rs)}"
                     row.extra[f"{c} last-{WINDOW} mean reward"] = "/".join(
                         f"{statistics.mean(r['step_rewards'][-WINDOW:]):.2f}" for r in rs)
         row.cells = wall_cells
         table.rows.append(row)
+    _commands(table, raw)
     return table, raw
+
+
+def _commands(table: Table, raw: dict) -> None:
+    """Each side's versions and first command, in the table's notes."""
+    trl_versions = next((r["versions"] for runs in raw.values() for r in runs["trl"]), None)
+    if trl_versions:
+        table.notes.append("trl's side: " + ", ".join(f"{k} {v}" for k, v in trl_versions.items()))
+    for n, runs in raw.items():
+        for c, rs in runs.items():
+            if rs:
+                table.notes.append(f"{c}, max_new_tokens {n}: {rs[0]['command']}")
 
 
 def count_tokens(ids, eos: int) -> int:
@@ -204,12 +254,9 @@ def run(ctx) -> list[Table]:
 
     model = model_dir()
     notes = [f"the model: {model}; transformers {transformers.__version__} here"]
-    grpo, raw = grpo_table(ctx, model, notes)
-    trl_versions = next((r["versions"] for runs in raw.values() for r in runs["trl"]), None)
-    if trl_versions:
-        grpo.notes.append("trl's side: " + ", ".join(f"{k} {v}" for k, v in trl_versions.items()))
-    for n, runs in raw.items():
-        for c, rs in runs.items():
-            if rs:
-                grpo.notes.append(f"{c}, max_new_tokens {n}: {rs[0]['command']}")
-    return [grpo, generation_table(ctx, model)]
+    reverse, _ = grpo_table(ctx, reverse_task(model), [1, 4], notes)
+    tools, _ = grpo_table(ctx, tool_task(), [TOOL_TOKENS], [
+        "an episode: the model calls lookup (<tool>lookup(kN)</tool>, a turn of up to 24 tokens), reads the result "
+        "and answers; rltrain plays them with its episode collector, TRL with a rollout_func over the same ToolEnv "
+        "(benchmarks/trl_grpo.py: tool_rollout, model.generate per turn, env_mask over the tools' tokens)"])
+    return [reverse, tools, generation_table(ctx, model)]

@@ -19,6 +19,17 @@ Run it in a venv that has trl (never the main environment), nothing downloaded::
 
 By default training stops at the threshold (``--no-stop`` runs all ``--steps``).
 
+``--task tools``: episodes of several turns instead, on rltrain's ``env=tools`` (``ToolEnv``: 10 keys by default,
+``--keys``), the model that ``python -m rltrain.llm.cold_start DIR`` writes, up to ``--max-turns`` turns of
+``--max-new-tokens`` each. TRL plays them with a ``rollout_func`` (``tool_rollout``: ``model.generate`` per turn
+over the episodes still running, the tools' tokens masked out of the loss by ``env_mask``); TRL's
+``tools=``/``environment_factory=`` need a chat template that can render tool calls, which the tiny model has
+not. The reward is ``correct_answer`` on the episode's last turn::
+
+    python -m rltrain.llm.cold_start /tmp/tool-caller
+    PYTHONPATH=. /work/venvs/trl/bin/python -m benchmarks.trl_grpo --model /tmp/tool-caller --task tools \
+        --steps 300 --max-new-tokens 24 --lr 3e-4 --threshold 0.9 --out trl_tools.json
+
 ``--vllm``: TRL generates with vLLM (``use_vllm=True``) instead of ``model.generate``. It needs a venv with
 both TRL and vLLM's CPU build; one that leaves the vLLM venv as it is (TRL 1.16 asks for vllm<=0.31 and
 warns about 0.32, but runs)::
@@ -69,11 +80,66 @@ OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFL
 PROMPTS_PER_STEP, GROUP_SIZE, WINDOW = 16, 8, 10
 
 
-def reward_fn(prompts, completions, answer, **_):
-    """TRL's reward signature over rltrain's ``correct_answer``: one float per completion."""
+def reward_fn(prompts, completions, answer, reply=None, **_):
+    """TRL's reward signature over rltrain's ``correct_answer``: one float per completion (an episode's: its last
+    turn, ``reply``, which ``tool_rollout`` passes on)."""
     from rltrain.llm.rewards import correct_answer
 
-    return [correct_answer(p, c, a) for p, c, a in zip(prompts, completions, answer)]
+    return [correct_answer(p, c, a) for p, c, a in zip(prompts, reply or completions, answer)]
+
+
+def tool_rollout(env, max_new_tokens: int, max_turns: int):
+    """TRL's ``rollout_func`` for ``--task tools``: the episodes of rltrain's ``ToolEnv`` (the same environment,
+    tool process and rendering as ``python -m rltrain env=tools`` without a chat template), played turn by turn
+    with ``model.generate`` as TRL's own generation does (sampled at temperature 1, top_p 1, top_k 0), one call
+    per turn over the episodes still running, a turn ending at ``</tool>`` or eos. TRL gets each episode's tokens
+    after its prompt, the model's and the tool results', and ``env_mask`` (1 for the model's: the loss trains
+    those alone); ``logprobs`` None (TRL scores the tokens itself, as it does for ``model.generate``)."""
+
+    def rollout(prompts: list[str], trainer) -> dict:
+        tokenizer = trainer.processing_class
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
+        tail = [[] for _ in prompts]
+        mask = [[] for _ in prompts]
+        replies = [""] * len(prompts)
+        live = list(range(len(prompts)))
+        was_training = model.training
+        model.eval()
+        for _ in range(max_turns):
+            if not live:
+                break
+            contexts = [ids[i] + tail[i] for i in live]
+            width = max(map(len, contexts))
+            batch = torch.tensor([[tokenizer.pad_token_id] * (width - len(c)) + c for c in contexts])
+            attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts])
+            with torch.no_grad():
+                out = model.generate(input_ids=batch, attention_mask=attention, do_sample=True, temperature=1.0,
+                                     top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, stop_strings=list(env.STOP),
+                                     tokenizer=tokenizer, pad_token_id=tokenizer.pad_token_id,
+                                     eos_token_id=tokenizer.eos_token_id)
+            still = []
+            for row, i in zip(out[:, width:].tolist(), live):
+                if tokenizer.eos_token_id in row:  # the turn ends with its eos; a finished row is padded after it
+                    row = row[:row.index(tokenizer.eos_token_id) + 1]
+                elif tokenizer.pad_token_id in row:  # ended at a stop string, then padded
+                    row = row[:row.index(tokenizer.pad_token_id)]
+                tail[i] += row
+                mask[i] += [1] * len(row)
+                replies[i] = tokenizer.decode(row, skip_special_tokens=True)
+                step = env.step(None, replies[i])
+                if step.done:
+                    continue
+                answer = tokenizer("".join(f"<result>{m['content']}</result>" for m in step.messages),
+                                   add_special_tokens=False)["input_ids"]
+                tail[i] += answer
+                mask[i] += [0] * len(answer)
+                still.append(i)
+            live = still
+        model.train(was_training)
+        return {"prompt_ids": ids, "completion_ids": tail, "logprobs": None, "env_mask": mask, "reply": replies}
+
+    return rollout
 
 
 def vllm_options(args) -> dict:
@@ -205,6 +271,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0, help="the trainer's seed (model init is the model dir's)")
     parser.add_argument("--task-seed", type=int, default=0, help="ReverseDigits' seed (the rows)")
     parser.add_argument("--out", required=True, help="the JSON file to write")
+    parser.add_argument("--task", choices=["reverse", "tools"], default="reverse",
+                        help="tools: episodes of rltrain's ToolEnv through TRL's rollout_func (see tool_rollout)")
+    parser.add_argument("--keys", type=int, default=10, help="--task tools: env.keys")
+    parser.add_argument("--max-turns", type=int, default=2, help="--task tools: the model's turns per episode")
     parser.add_argument("--vllm", action="store_true", help="generate with vLLM (use_vllm=True)")
     parser.add_argument("--vllm-mode", choices=["colocate", "server"], default="colocate")
     parser.add_argument("--vllm-server-url", default="http://127.0.0.1:8000", help="--vllm-mode server: the server's")
@@ -227,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, set_seed
     from trl import GRPOTrainer
 
+    from rltrain.llm.environments import ToolEnv
     from rltrain.llm.tasks import ReverseDigits
 
     if args.vllm and args.vllm_mode == "colocate":
@@ -235,31 +306,38 @@ def main(argv: list[str] | None = None) -> None:
             patch_vllm_cpu_gemm()
 
     set_seed(args.seed)
-    rows = ReverseDigits(length=1, seed=args.task_seed).take(args.steps * PROMPTS_PER_STEP)
+    env = ToolEnv(keys=args.keys, seed=args.task_seed) if args.task == "tools" else None
+    task = env or ReverseDigits(length=1, seed=args.task_seed)
+    rows = task.take(args.steps * PROMPTS_PER_STEP)
     dataset = datasets.Dataset.from_list(rows)
+    episodes = {} if env is None else {"rollout_func": tool_rollout(env, args.max_new_tokens, args.max_turns)}
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
     callback = make_callback(args.threshold, stop=not args.no_stop)
     with tempfile.TemporaryDirectory(prefix="trl-grpo-") as out_dir:
         config = grpo_config(args, out_dir)
         trainer = GRPOTrainer(model=model, reward_funcs=reward_fn, args=config, train_dataset=dataset,
-                              processing_class=tokenizer, callbacks=[callback])
+                              processing_class=tokenizer, callbacks=[callback], **episodes)
         trainer.remove_callback(PrinterCallback)  # its per-step log dicts: the JSON has what we need
         wall = time.perf_counter()
         trainer.train()
         wall = time.perf_counter() - wall
         config_dict = {k: v for k, v in config.to_dict().items() if k != "output_dir"}
+    if env is not None:
+        env.close()
 
     seconds = callback.seconds
     result = {
-        "what": "TRL GRPOTrainer on the tiny Qwen2 model, reverse D: -> D, CPU, 1 torch thread"
+        "what": "TRL GRPOTrainer on the tiny Qwen2 model, "
+                + ("env=tools episodes (rollout_func)" if env else "reverse D: -> D") + ", CPU, 1 torch thread"
                 + (f", vLLM generating ({args.vllm_mode})" if args.vllm else ""),
         "command": " ".join([Path(sys.executable).as_posix(), *sys.argv]),
         "versions": {"trl": trl.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
                      "datasets": datasets.__version__, "python": platform.python_version(),
                      **({"vllm": __import__("vllm").__version__} if args.vllm else {})},
         "torch_threads_at_train_begin": callback.threads,
-        "max_new_tokens": args.max_new_tokens, "seed": args.seed, "task_seed": args.task_seed,
+        "max_new_tokens": args.max_new_tokens, "seed": args.seed, "task_seed": args.task_seed, "task": args.task,
+        **({"keys": args.keys, "max_turns": args.max_turns} if env else {}),
         "prompts_per_step": PROMPTS_PER_STEP, "group_size": GROUP_SIZE,
         "steps_run": len(seconds),
         "step_seconds": seconds,
