@@ -6,8 +6,8 @@ next-token loss that give it what a pretrained instruct model brings to ``env=to
 
 The key it calls is drawn at random, never the row's, and the results it is shown are random numbers, never the
 store's: taught this way, the model asks for a key of its own choosing and repeats whatever the tool says, so
-its answer is right by chance (1 in ``keys``). Which key to ask for
-is what GRPO teaches it (``tests/test_language_envs.py`` measures from chance to nine in ten)::
+its answer is right by chance (1 in ``keys``). Which key to ask for is what GRPO teaches it
+(``tests/test_language_envs.py`` measures it going from chance to nine in ten)::
 
     python -m rltrain.llm.cold_start outputs/tool-caller --keys 10
     python -m rltrain algo=grpo env=tools env.keys=10 model.path=outputs/tool-caller algo.lr=3e-4 \\
