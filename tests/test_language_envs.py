@@ -10,7 +10,16 @@ import torch
 from rltrain.errors import ConfigError
 from rltrain.llm.environments import GuessNumber, ToolEnv, check_interface
 from rltrain.llm.tasks import Task
-from rltrain.llm.tools import ToolError, ToolRunner, calculator, load_tools, lookup, parse_calls
+from rltrain.llm.tools import (
+    TEMPLATE_SYNTAX,
+    ToolError,
+    ToolRunner,
+    calculator,
+    load_tools,
+    lookup,
+    parse_calls,
+    parse_template_calls,
+)
 
 TOOLS = {"lookup": lookup, "calculator": calculator}
 
@@ -24,6 +33,24 @@ def test_calls_are_parsed_in_order_and_a_call_that_cannot_run_says_why():
     assert unknown.problem == "no tool 'search'; the tools are calculator, lookup"
     assert bad.problem == "a call is written <tool>NAME(ARGUMENTS)</tool>"
     assert empty.problem == "lookup takes 1 argument, got 0"
+
+
+def test_template_calls_are_tagged_objects_or_as_llama_3_1_writes_them_a_turn_of_one_object():
+    tagged = ('<tool_call>{"name": "lookup", "arguments": {"key": "k3"}}</tool_call> and '
+              '<tool_call>{"name": 5}</tool_call>')
+    [good, bad] = parse_template_calls(tagged, TOOLS)
+    assert (good.name, good.arguments, good.problem) == ("lookup", (("key", "k3"),), None)
+    assert bad.problem.startswith('a call is written <tool_call>{"name": NAME')
+    [bare] = parse_template_calls(' {"name": "lookup", "parameters": {"key": "k3"}}\n', TOOLS)  # Llama 3.1's
+    assert (bare.text, bare.name, bare.arguments, bare.problem) == (
+        '{"name": "lookup", "parameters": {"key": "k3"}}', "lookup", (("key", "k3"),), None)
+    [wrong] = parse_template_calls('{"name": "lookup", "parameters": {"k": 1}}', TOOLS)
+    assert wrong.problem == "lookup: missing a required argument: 'key'"
+    [broken] = parse_template_calls('{"name": "lookup", "parameters": {"key": "k3"}', TOOLS)  # a call, cut short
+    assert broken.problem.startswith("a call is written")
+    # an answer is no call: text around an object, or an object that names nothing
+    assert parse_template_calls('the value is {"name": "lookup"}', TOOLS) == []
+    assert parse_template_calls('{"value": 58}', TOOLS) == []
 
 
 def test_the_calculator_does_arithmetic_and_nothing_else():
@@ -411,8 +438,7 @@ def test_with_a_chat_template_tools_are_listed_called_and_answered_in_its_format
     first, second, third = (p[0] for p in engine.prompts)
     answer = tokenizer.decode(second[len(first):])
     assert answer.startswith('<tool_call>{"name": lookup}</tool_call>')
-    assert answer.endswith('<|im_end|>\n<|im_start|>user\n<tool_response>\nerror: a call is written <tool_call>{'
-                           '"name": NAME, "arguments": {PARAMETER: VALUE, ...}}</tool_call>\n</tool_response>'
+    assert answer.endswith(f'<|im_end|>\n<|im_start|>user\n<tool_response>\nerror: {TEMPLATE_SYNTAX}\n</tool_response>'
                            '<|im_end|>\n<|im_start|>assistant\n')
     assert tokenizer.decode(third[len(second):]).endswith(f"<tool_response>\n{row['answer']}\n</tool_response>"
                                                           "<|im_end|>\n<|im_start|>assistant\n")

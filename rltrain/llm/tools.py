@@ -8,7 +8,8 @@ on commas into the tool's parameters, in order (the last one takes the rest of t
 strings. A call that does not parse, names no tool of the env, or has too few arguments is not an error of
 the run: its observation says what was wrong, and the model sees it (``parse_calls``). With a chat template
 that lists tools (``env.format=template``), the model calls them in the template's own format, a JSON object
-between ``<tool_call>`` tags (``parse_template_calls``), and the template renders the results.
+between ``<tool_call>`` tags, or alone as its whole turn (Llama 3.1's: ``parse_template_calls``), and the
+template renders the results.
 
 **Running them.** ``ToolRunner`` calls the tools in a child process: a tool that raises gives its error as the
 observation (or fails the run naming the tool and the call, ``on_error: fail``), and one that runs past its
@@ -80,35 +81,39 @@ def parse_calls(reply: str, tools: dict[str, Callable]) -> list[Call]:
 
 
 TEMPLATE_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-TEMPLATE_SYNTAX = 'a call is written <tool_call>{"name": NAME, "arguments": {PARAMETER: VALUE, ...}}</tool_call>'
+TEMPLATE_SYNTAX = ('a call is written <tool_call>{"name": NAME, "arguments": {PARAMETER: VALUE, ...}}</tool_call>, '
+                   'or as a turn of its own, {"name": NAME, "parameters": {PARAMETER: VALUE, ...}}')
+# Llama 3.1's (and 3.2's, 3.3's) templates ask for a call as the whole turn: one JSON object, no tags
+BARE_CALL = re.compile(r'\s*(\{\s*"name"\s*:.*\})\s*', re.DOTALL)
 
 
 def parse_template_calls(reply: str, tools: dict[str, Callable]) -> list[Call]:
-    """The calls in ``reply`` written in the chat templates' format (Qwen's, Hermes'): a JSON object with the
-    tool's ``name`` and its ``arguments`` (an object: the tool's parameters by name) between ``<tool_call>``
-    tags. Each checked against ``tools``; a call that cannot run says why, as ``parse_calls``'s do."""
-    calls = []
-    for match in TEMPLATE_CALL.finditer(reply):
-        text = match.group(0)
-        try:
-            call = json.loads(match.group(1))
-        except json.JSONDecodeError:
-            call = None
-        if not isinstance(call, dict) or not isinstance(call.get("name"), str) \
-                or not isinstance(call.get("arguments", {}), dict):
-            calls.append(Call(text, problem=TEMPLATE_SYNTAX))
-            continue
-        name, arguments = call["name"], call.get("arguments", {})
-        if name not in tools:
-            calls.append(Call(text, name, problem=f"no tool {name!r}; the tools are {', '.join(sorted(tools))}"))
-            continue
-        try:
-            inspect.signature(tools[name]).bind(**arguments)
-        except TypeError as e:
-            calls.append(Call(text, name, problem=f"{name}: {e}"))
-            continue
-        calls.append(Call(text, name, tuple(arguments.items())))
-    return calls
+    """The calls in ``reply`` written in the chat templates' formats: a JSON object with the tool's ``name`` and
+    its ``arguments`` (an object: the tool's parameters by name) between ``<tool_call>`` tags (Qwen's, Hermes'), or
+    a turn that is one such object alone, its arguments under ``parameters`` (Llama 3.1's). Each checked against
+    ``tools``; a call that cannot run says why, as ``parse_calls``'s do."""
+    found = [(match.group(0), match.group(1)) for match in TEMPLATE_CALL.finditer(reply)]
+    if not found and (bare := BARE_CALL.fullmatch(reply)):
+        found = [(reply.strip(), bare.group(1))]
+    return [_template_call(text, payload, tools) for text, payload in found]
+
+
+def _template_call(text: str, payload: str, tools: dict[str, Callable]) -> Call:
+    try:
+        call = json.loads(payload)
+    except json.JSONDecodeError:
+        call = None
+    arguments = call.get("arguments", call.get("parameters", {})) if isinstance(call, dict) else None
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str) or not isinstance(arguments, dict):
+        return Call(text, problem=TEMPLATE_SYNTAX)
+    name = call["name"]
+    if name not in tools:
+        return Call(text, name, problem=f"no tool {name!r}; the tools are {', '.join(sorted(tools))}")
+    try:
+        inspect.signature(tools[name]).bind(**arguments)
+    except TypeError as e:
+        return Call(text, name, problem=f"{name}: {e}")
+    return Call(text, name, tuple(arguments.items()))
 
 
 def positional_count(tool: Callable) -> int:
