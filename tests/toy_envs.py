@@ -250,3 +250,47 @@ class MatchDigitsEnv(gym.Env):
 
 
 gym.register("MatchDigits-v0", entry_point=MatchDigitsEnv, max_episode_steps=10)
+
+
+class MaskedChoiceEnv(gym.Env):
+    """Each step a random half of 4 actions is valid (``action_mask`` in a Dict observation, at least one valid);
+    reward 1 for the valid action of the highest index, 0 for another valid one, and an invalid action raises.
+    8 steps an episode: the best return is 8. A policy that prefers 3, then 2, then 1, then 0 among the valid
+    actions (the mask's zeros masked out) has it."""
+
+    KEY = "action_mask"
+    action_space = gym.spaces.Discrete(4)
+
+    def __init__(self):
+        self.observation_space = gym.spaces.Dict({"step": gym.spaces.Box(0.0, 8.0, shape=(1,), dtype=np.float32),
+                                                  self.KEY: gym.spaces.Box(0, 1, shape=(4,), dtype=np.int8)})
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._observe(), {}
+
+    def _observe(self):
+        self.mask = np.zeros(4, dtype=np.int8)
+        while not self.mask.any():
+            self.mask = (self.np_random.random(4) < 0.5).astype(np.int8)
+        return {"step": np.array([self.t], dtype=np.float32), self.KEY: self.mask.copy()}
+
+    def step(self, action):
+        if not self.mask[int(action)]:
+            raise RuntimeError(f"invalid action {int(action)} (mask {self.mask.tolist()})")
+        reward = float(int(action) == int(np.flatnonzero(self.mask).max()))
+        self.t += 1
+        return self._observe(), reward, False, False, {}
+
+
+gym.register("MaskedChoice-v0", entry_point=MaskedChoiceEnv, max_episode_steps=8)
+
+
+class UnmaskedChoiceEnv(MaskedChoiceEnv):
+    """The same game, its mask under a key that masks nothing (``valid``): the policy sees it, nothing enforces it."""
+
+    KEY = "valid"
+
+
+gym.register("UnmaskedChoice-v0", entry_point=UnmaskedChoiceEnv, max_episode_steps=8)

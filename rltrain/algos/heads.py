@@ -8,6 +8,10 @@ construction and argument checks would cost more than the network itself.
 - ``multi_discrete``: independent categoricals, one per entry of ``nvec`` (logits concatenated).
 - ``multi_binary``: independent Bernoullis, one logit each.
 - ``box``: a diagonal Gaussian with a state-independent log-std; the env clips the sample to its box.
+
+An env whose observation says which actions are valid (``action_mask``) has its invalid actions' logits set to
+the lowest float before any of this (``mask_logits``): the discrete heads then never sample or take them, and
+score them at probability 0 in every log-prob and entropy.
 """
 
 from __future__ import annotations
@@ -20,6 +24,17 @@ from torch import nn
 from rltrain.envs import ActionSpec
 
 LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
+
+
+def mask_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``logits`` with each action that ``mask`` (0/1, one per logit) rules out set to the dtype's lowest value.
+    Not -inf: a probability of 0 either way, but 0 * -inf in an entropy is NaN, in the forward or the gradient."""
+    return logits.masked_fill(mask == 0, torch.finfo(logits.dtype).min)
+
+
+def unmaskable_rows(mask: torch.Tensor, nvec: tuple[int, ...]) -> torch.Tensor:
+    """``[*batch]``: whether a row's mask leaves some entry of the action (each of ``nvec``'s) no valid value."""
+    return torch.stack([~part.any(-1) for part in torch.split(mask != 0, list(nvec), -1)], -1).any(-1)
 
 
 def make_head(action: ActionSpec, init_log_std: float = 0.0) -> nn.Module:

@@ -10,8 +10,10 @@ import torch
 from torch import nn
 
 from rltrain.algos.encoders import NATURE_CNN, ObsEncoder, orthogonal
-from rltrain.algos.heads import LOG_SQRT_2PI, make_head
+from rltrain.algos.heads import LOG_SQRT_2PI, make_head, mask_logits, unmaskable_rows
 from rltrain.envs import EnvSpec
+from rltrain.envs.spaces import MASK_KEY
+from rltrain.errors import RunError
 from rltrain.rules import Flag, IntegerList, OneOf
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -46,7 +48,9 @@ class ActorCritic(nn.Module):
     The encoder (``rltrain.algos.encoders``) turns any supported observation into features: with
     vector observations it only normalizes (optionally) and flattens; with images its CNN is
     shared by actor and critic, as in the Nature-DQN / CleanRL Atari agents. The actor's output
-    parametrizes the action space's distribution (``rltrain.algos.heads``).
+    parametrizes the action space's distribution (``rltrain.algos.heads``). Where the observation says which
+    actions are valid (a Dict with an ``action_mask`` key), the actor's invalid logits are masked in acting,
+    greedy or sampled, and in scoring (log-probs, entropy, so PPO's ratio); the mask is an input feature too.
     """
 
     def __init__(
@@ -63,19 +67,36 @@ class ActorCritic(nn.Module):
         self.head = make_head(env_spec.action, init_log_std)
         self.actor = mlp(self.encoder.out_dim, list(hidden_sizes), self.head.out_dim, activation, out_gain=0.01)
         self.critic = mlp(self.encoder.out_dim, list(hidden_sizes), 1, activation, out_gain=1.0)
+        self.env_id, self.nvec, self.masked = env_spec.id, env_spec.action.nvec, env_spec.masked
 
     def value(self, obs) -> torch.Tensor:
         return run_layers(self.critic, self.encoder.forward(obs)).squeeze(-1)
 
     def act(self, obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample an action (or take the mode) and return it with its log-probability."""
-        return self.head.sample(run_layers(self.actor, self.encoder.forward(obs)), deterministic)
+        logits = run_layers(self.actor, self.encoder.forward(obs))
+        if self.masked:
+            self._check_mask(obs[MASK_KEY])
+            logits = mask_logits(logits, obs[MASK_KEY])
+        return self.head.sample(logits, deterministic)
 
     def evaluate(self, obs, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Log-probability of ``action``, the policy's entropy and the state value, for the update."""
         features = self.encoder.forward(obs)
-        log_prob, entropy = self.head.evaluate(run_layers(self.actor, features), action)
+        logits = run_layers(self.actor, features)
+        if self.masked:
+            logits = mask_logits(logits, obs[MASK_KEY])
+        log_prob, entropy = self.head.evaluate(logits, action)
         return log_prob, entropy, run_layers(self.critic, features).squeeze(-1)
+
+    def _check_mask(self, mask: torch.Tensor) -> None:
+        stuck = unmaskable_rows(mask, self.nvec)
+        if stuck.any():
+            rows = stuck.reshape(-1).nonzero().flatten().tolist()
+            raise RunError(f"env.id={self.env_id!r} gave an {MASK_KEY!r} that allows no action (env "
+                           f"{', '.join(map(str, rows[:8]))} of the batch{'...' if len(rows) > 8 else ''}; for "
+                           "MultiDiscrete, some entry had no valid value): every observation's mask must allow at "
+                           "least one action, a terminal observation's too")
 
 
 class SquashedGaussianActor(nn.Module):

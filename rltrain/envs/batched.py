@@ -19,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 import rltrain.envs.env_state as env_state
-from rltrain.envs.spaces import EnvSpec, action_spec, map_obs, observation_spec, zeros
+from rltrain.envs.spaces import EnvSpec, action_spec, check_action_mask, map_obs, observation_spec, zeros
 from rltrain.errors import ConfigError, EnvError
 from rltrain.rules import OneOf
 
@@ -121,7 +121,9 @@ def spec_from_env(env_id: str, env: gym.Env) -> EnvSpec:
 
 
 def spec_from_spaces(env_id: str, observation: gym.Space, action: gym.Space, reward_threshold: float | None) -> EnvSpec:
-    return EnvSpec(env_id, observation_spec(env_id, observation), action_spec(env_id, action), reward_threshold)
+    spec = EnvSpec(env_id, observation_spec(env_id, observation), action_spec(env_id, action), reward_threshold)
+    check_action_mask(env_id, spec.observation, spec.action)
+    return spec
 
 
 def _threshold(env: gym.Env) -> float | None:

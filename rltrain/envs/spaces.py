@@ -21,6 +21,7 @@ import torch
 from rltrain.errors import ConfigError
 
 OBS_KEY = "observation"  # the batch key; a Dict observation's keys nest below it
+MASK_KEY = "action_mask"  # a Dict observation's key saying which actions are valid (PettingZoo's, Gymnasium's)
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,11 @@ class EnvSpec:
         return self.action.high
 
     @property
+    def masked(self) -> bool:
+        """Whether the observation says which actions are valid (a Dict with an ``action_mask`` key)."""
+        return isinstance(self.observation, dict) and MASK_KEY in self.observation
+
+    @property
     def obs_shape(self) -> tuple[int, ...]:
         """The observation's shape (a single-array observation only)."""
         if not isinstance(self.observation, Leaf):
@@ -159,6 +165,25 @@ def action_spec(env_id: str, space: gym.Space) -> ActionSpec:
         return ActionSpec("multi_binary", (int(space.n),), "int8")
     raise ConfigError(f"env.id={env_id!r} has a {type(space).__name__} action space ({space}); rltrain supports "
                       f"{ACTION_SPACES} actions (1-D for the multi ones)")
+
+
+def check_action_mask(env_id: str, observation: Observation, action: ActionSpec) -> None:
+    """A ConfigError where a Dict observation's ``action_mask`` cannot mask the action space: a space that takes
+    no mask (Box, MultiBinary), or a shape other than one 0/1 per action (for MultiDiscrete, each entry's
+    values one after another: ``sum(nvec)``)."""
+    mask = observation.get(MASK_KEY) if isinstance(observation, dict) else None
+    if mask is None:
+        return
+    if action.kind not in ("discrete", "multi_discrete"):
+        raise ConfigError(f"env.id={env_id!r}: its observation's {MASK_KEY!r} would mask a {action.kind} action "
+                          "space, which takes no mask (masks are for Discrete and MultiDiscrete actions); rename "
+                          "the key if it is not a mask")
+    want = (sum(action.nvec),)
+    if mask.shape != want or mask.kind != "vector":
+        layout = "" if action.kind == "discrete" else ", each entry's values one after another"
+        raise ConfigError(f"env.id={env_id!r}: its observation's {MASK_KEY!r} is a {mask.kind} of shape "
+                          f"{mask.shape}; for its {action.kind.replace('_', '')} action space "
+                          f"(nvec {list(action.nvec)}) it must be a 0/1 vector of shape {want}, one per action{layout}")
 
 
 def flat_leaves(observation: Observation, prefix: str = OBS_KEY) -> dict[str, Leaf]:
