@@ -96,9 +96,12 @@ def tool_rollout(env, max_new_tokens: int, max_turns: int):
     after its prompt, the model's and the tool results', and ``env_mask`` (1 for the model's: the loss trains
     those alone); ``logprobs`` None (TRL scores the tokens itself, as it does for ``model.generate``)."""
 
+    from rltrain.llm.rollout import Conversation
+
     def rollout(prompts: list[str], trainer) -> dict:
         tokenizer = trainer.processing_class
         model = trainer.accelerator.unwrap_model(trainer.model)
+        conversation = Conversation(tokenizer, template=False)  # the results rendered as rltrain's episodes render them
         ids = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in prompts]
         tail = [[] for _ in prompts]
         mask = [[] for _ in prompts]
@@ -130,8 +133,7 @@ def tool_rollout(env, max_new_tokens: int, max_turns: int):
                 step = env.step(None, replies[i])
                 if step.done:
                     continue
-                answer = tokenizer("".join(f"<result>{m['content']}</result>" for m in step.messages),
-                                   add_special_tokens=False)["input_ids"]
+                answer = conversation.answer(step.messages, row[-1:] == [tokenizer.eos_token_id])
                 tail[i] += answer
                 mask[i] += [0] * len(answer)
                 still.append(i)
