@@ -28,6 +28,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from rltrain import checkpoint, process_groups
+from rltrain.algos.recurrent import state_size
 from rltrain.collectors.local import LocalCollector
 from rltrain.collectors.lockstep import LockstepCollector
 from rltrain.collectors.rank_pool import frame_buffer
@@ -223,7 +224,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
         collector = _instantiate_with(share.collector, **runtime(
             "collector", make_env=make_env, make_policy=make_policy, make_receiver=scheme.receiver, env_spec=env_spec,
             seed=seed, sender=sender, task=task, engine=engine, model=model, rewards=rewards, device=device,
-            strategy=strategy))
+            strategy=strategy, state_size=state_size(policy)))
         cleanup.callback(collector.close)
         restore.collector(collector)
 
@@ -291,7 +292,8 @@ def serve_rank(cfg: DictConfig) -> None:
             if part is not None:
                 part.close()
         raise
-    RankServer(world, collector, receiver, relay, frame_buffer(env_spec, frames // envs, envs), timeout_s).run()
+    buffer = frame_buffer(env_spec, frames // envs, envs, state_size(make_policy()))
+    RankServer(world, collector, receiver, relay, buffer, timeout_s).run()
 
 
 def _rank_collector(make_env, make_policy, receiver: WeightReceiver, env_spec: EnvSpec, frames_per_batch: int,
@@ -318,7 +320,8 @@ def _rank_collector(make_env, make_policy, receiver: WeightReceiver, env_spec: E
     try:
         collector = LockstepCollector(make_env, make_policy, fan_out.receiver, env_spec, frames_per_batch,
                                       workers=workers_per_rank, envs_per_worker=envs_per_rank // workers_per_rank,
-                                      start_method=start_method, timeout_s=timeout_s, seed=seed)
+                                      start_method=start_method, timeout_s=timeout_s, seed=seed,
+                                      state_size=state_size(policy))
     except BaseException:
         relay.close()
         raise

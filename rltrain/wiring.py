@@ -34,7 +34,7 @@ RUNTIME_ARGS = {
     "algo.network": ("env_spec",),
     "engine": ("model", "tokenizer", "receiver", "policy", "learner", "device", "seed", "run_dir"),
     "collector": ("make_env", "make_policy", "make_receiver", "env_spec", "seed", "sender", "task", "engine", "model",
-                  "rewards", "device", "strategy"),
+                  "rewards", "device", "strategy", "state_size"),
     "logger": ("run_dir", "config", "resume"),
     "hooks": ("policy", "sender", "sync", "loggers", "make_env", "device", "env_spec", "run_dir", "algo", "collector",
               "config", "hooks", "task", "model", "rewards", "strategy"),

@@ -37,14 +37,18 @@ def ppo(observation: str) -> PPO:
     if observation == "dict":
         spec = replace(spec, observation={"position": Leaf((5,), "float32", "vector"),
                                           "goal": Leaf((12,), "float32", "vector")})
-    # 512 frames in minibatches of 128: four steps per epoch, twelve in all.
-    return PPO(ActorCritic(spec, hidden_sizes=[32, 32]), total_frames=4096, minibatch_size=128, epochs=3,
-               compile=False, cuda_graph=False)
+    # 512 frames in minibatches of 128: four steps per epoch, twelve in all. With memory: 16 envs' 32 steps in
+    # windows of 12 (the last padded), 10 windows a minibatch: five steps per epoch.
+    recurrent = {"recurrent": "lstm", "recurrent_size": 8} if observation == "recurrent" else {}
+    return PPO(ActorCritic(spec, hidden_sizes=[32, 32], **recurrent), total_frames=4096, minibatch_size=128, epochs=3,
+               sequence_length=12, compile=False, cuda_graph=False)
 
 
 def batch(seed: int, observation: str) -> TensorDict:
     """512 frames of random data, the 17 observation features split in two for a Dict observation."""
     b = ppo_batch(seed)
+    if observation == "recurrent":
+        b["recurrent_state"] = torch.randn(32, 16, 16, generator=torch.Generator().manual_seed(seed))
     if observation == "dict":
         for key in ("observation", ("next", "observation")):
             position, goal = b[key].split([5, 12], dim=-1)
@@ -52,7 +56,7 @@ def batch(seed: int, observation: str) -> TensorDict:
     return b
 
 
-@pytest.mark.parametrize("observation", ["vector", "dict"])
+@pytest.mark.parametrize("observation", ["vector", "dict", "recurrent"])
 @pytest.mark.parametrize("stop_at", [0, 5, 8])  # before the first step; mid-epoch; as the last epoch begins
 def test_a_ppo_update_stopped_between_minibatches_resumes_to_the_same_weights(stop_at, observation):
     full = ppo(observation)
@@ -66,8 +70,10 @@ def test_a_ppo_update_stopped_between_minibatches_resumes_to_the_same_weights(st
     assert stopped.update(batch(2, observation), stop_before_step(stop_at)) is None
     saved, rng = through_a_checkpoint(stopped.state_dict()), torch.get_rng_state()
     assert set(saved["pending"]) == {"obs", "action", "old_log_prob", "old_value", "advantages", "returns",
-                                     "epoch", "perm", "next", "losses", "diagnostics"}  # what checkpoints hold
-    assert (saved["pending"]["epoch"], saved["pending"]["next"]) == divmod(stop_at, 4)
+                                     "epoch", "perm", "next", "losses", "diagnostics", "state", "starts",
+                                     "valid"}  # what checkpoints hold (the last three: a network with memory's)
+    steps_per_epoch = 5 if observation == "recurrent" else 4
+    assert (saved["pending"]["epoch"], saved["pending"]["next"]) == divmod(stop_at, steps_per_epoch)
 
     resumed = ppo(observation)
     resumed.load_state_dict(saved)

@@ -294,3 +294,34 @@ class UnmaskedChoiceEnv(MaskedChoiceEnv):
 
 
 gym.register("UnmaskedChoice-v0", entry_point=UnmaskedChoiceEnv, max_episode_steps=8)
+
+
+class CueMemoryEnv(gym.Env):
+    """A cue shown once, asked for at the end: the first observation shows one of 2 cues (one-hot), the next
+    ``delay`` are blank, and the last one asks (its third entry is 1); the answer to the question scores +1 if it
+    names the cue, -1 if not, and ends the episode. Every other step scores 0, whatever the action. A policy
+    without memory sees the same blank question either way: its best is chance, a mean return of 0; one that
+    remembers the cue scores 1."""
+
+    observation_space = gym.spaces.Box(0.0, 1.0, shape=(3,), dtype=np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, delay: int = 4):
+        self.delay = delay
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.cue = 0, int(self.np_random.integers(2))
+        return np.eye(3, dtype=np.float32)[self.cue], {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t <= self.delay:
+            obs = np.zeros(3, dtype=np.float32)
+            if self.t == self.delay:
+                obs[2] = 1.0  # the question: the next action is the answer
+            return obs, 0.0, False, False, {}
+        return np.zeros(3, dtype=np.float32), 1.0 if int(action) == self.cue else -1.0, True, False, {}
+
+
+gym.register("CueMemory-v0", entry_point=CueMemoryEnv, max_episode_steps=100)

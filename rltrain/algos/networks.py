@@ -11,10 +11,12 @@ from torch import nn
 
 from rltrain.algos.encoders import NATURE_CNN, ObsEncoder, orthogonal
 from rltrain.algos.heads import LOG_SQRT_2PI, make_head, mask_logits, unmaskable_rows
+from rltrain.algos.recurrent import Kind as RecurrentKind
+from rltrain.algos.recurrent import RecurrentCore
 from rltrain.envs import EnvSpec
 from rltrain.envs.spaces import MASK_KEY
 from rltrain.errors import RunError
-from rltrain.rules import Flag, IntegerList, OneOf
+from rltrain.rules import Flag, IntegerList, OneOf, PositiveInt
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
 Activation = Annotated[str, OneOf(ACTIVATIONS)]
@@ -51,6 +53,8 @@ class ActorCritic(nn.Module):
     parametrizes the action space's distribution (``rltrain.algos.heads``). Where the observation says which
     actions are valid (a Dict with an ``action_mask`` key), the actor's invalid logits are masked in acting,
     greedy or sampled, and in scoring (log-probs, entropy, so PPO's ratio); the mask is an input feature too.
+    With ``recurrent`` (lstm, gru), an LSTM or GRU layer shared by actor and critic sits between the encoder and
+    their layers (``rltrain.algos.recurrent``); such a network acts through ``act_in_state``.
     """
 
     def __init__(
@@ -61,12 +65,17 @@ class ActorCritic(nn.Module):
         normalize_obs: Flag = False,
         init_log_std: float = 0.0,
         cnn: Mapping = NATURE_CNN,  # image observations: channels, kernels, strides, features (encoders.py)
+        recurrent: RecurrentKind = None,  # lstm | gru: a memory between the encoder and the layers above
+        recurrent_size: PositiveInt = 128,  # the LSTM's or GRU's units
     ):
         super().__init__()
         self.encoder = ObsEncoder(env_spec.observation, normalize=normalize_obs, cnn=cnn)
         self.head = make_head(env_spec.action, init_log_std)
-        self.actor = mlp(self.encoder.out_dim, list(hidden_sizes), self.head.out_dim, activation, out_gain=0.01)
-        self.critic = mlp(self.encoder.out_dim, list(hidden_sizes), 1, activation, out_gain=1.0)
+        self.core = RecurrentCore(recurrent, self.encoder.out_dim, recurrent_size) if recurrent else None
+        self.state_size = self.core.state_size if self.core else 0  # floats of memory per env (0: none)
+        features = self.core.size if self.core else self.encoder.out_dim
+        self.actor = mlp(features, list(hidden_sizes), self.head.out_dim, activation, out_gain=0.01)
+        self.critic = mlp(features, list(hidden_sizes), 1, activation, out_gain=1.0)
         self.env_id, self.nvec, self.masked = env_spec.id, env_spec.action.nvec, env_spec.masked
 
     def value(self, obs) -> torch.Tensor:
@@ -74,20 +83,46 @@ class ActorCritic(nn.Module):
 
     def act(self, obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Sample an action (or take the mode) and return it with its log-probability."""
-        logits = run_layers(self.actor, self.encoder.forward(obs))
-        if self.masked:
-            self._check_mask(obs[MASK_KEY])
-            logits = mask_logits(logits, obs[MASK_KEY])
-        return self.head.sample(logits, deterministic)
+        if self.core is not None:
+            raise TypeError("a network with memory (recurrent) acts with act_in_state(obs, state)")
+        return self._sample(obs, self.encoder.forward(obs), deterministic)
 
-    def evaluate(self, obs, action: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """Log-probability of ``action``, the policy's entropy and the state value, for the update."""
+    def initial_state(self, n: int) -> torch.Tensor:
+        """``[n, state_size]``: the memory of ``n`` envs at the start of their episodes (zeros)."""
+        return self.core.initial_state(n, next(self.parameters()).device)
+
+    def act_in_state(self, obs, state: torch.Tensor,
+                     deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``act`` for a network with memory: from each env's ``state`` (``[N, state_size]``, zeros where an episode
+        starts); returns the action, its log-probability and the state the next step starts from."""
+        features, state = self.core.step(self.encoder.forward(obs), state)
+        return (*self._sample(obs, features, deterministic), state)
+
+    def value_in_state(self, obs, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The state value of ``obs`` seen from ``state``, and the state after that step."""
+        features, state = self.core.step(self.encoder.forward(obs), state)
+        return run_layers(self.critic, features).squeeze(-1), state
+
+    def evaluate(self, obs, action: torch.Tensor, state: torch.Tensor | None = None,
+                 starts: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
+        """Log-probability of ``action``, the policy's entropy and the state value, for the update. With memory:
+        ``obs`` and ``action`` are sequences ``[L, B, ...]`` that start from ``state`` (``[B, state_size]``) and
+        reset where ``starts`` (``[L, B]``) is true; the results are ``[L, B]``."""
         features = self.encoder.forward(obs)
+        if self.core is not None:
+            features = self.core.unroll(features, state, starts)
         logits = run_layers(self.actor, features)
         if self.masked:
             logits = mask_logits(logits, obs[MASK_KEY])
         log_prob, entropy = self.head.evaluate(logits, action)
         return log_prob, entropy, run_layers(self.critic, features).squeeze(-1)
+
+    def _sample(self, obs, features: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = run_layers(self.actor, features)
+        if self.masked:
+            self._check_mask(obs[MASK_KEY])
+            logits = mask_logits(logits, obs[MASK_KEY])
+        return self.head.sample(logits, deterministic)
 
     def _check_mask(self, mask: torch.Tensor) -> None:
         stuck = unmaskable_rows(mask, self.nvec)

@@ -5,6 +5,11 @@ batch (``_prepare``), then ``epochs`` passes of shuffled minibatches, each one g
 clipped policy loss, the (optionally clipped) value loss and the entropy bonus (``_loss``). A stop
 request between two minibatches keeps the rest of the update (``PendingEpochs``) in ``state_dict``,
 so a resumed run finishes it.
+
+A network with memory (``algo.network.recurrent``) trains on sequences instead of single samples: each env's
+steps in windows of ``sequence_length`` (``rltrain.algos.recurrent.Sequences``), each window unrolled from the
+state its first step acted from, reset at the episode starts inside it; minibatches are whole windows, and the
+padding after a batch's last step counts in no loss or statistic.
 """
 
 from __future__ import annotations
@@ -22,12 +27,14 @@ from rltrain.algos.finite import NonFinite, NonFiniteGuard
 from rltrain.algos.networks import ActorCritic
 from rltrain.algos.normalization import ReturnNormalizer
 from rltrain.algos.pending import Pending
+from rltrain.algos.recurrent import Sequences, state_size
 from rltrain.algos.update_step import Switch, UpdateStep, compile_enabled, cuda_graph_enabled, plain
 from rltrain.device import to_learner
 from rltrain.errors import ConfigError
 from rltrain.rules import (
     Flag,
     Fraction,
+    Integer,
     NonNegativeNumber,
     Number,
     PositiveFraction,
@@ -62,11 +69,28 @@ class PendingEpochs(Pending):
     next: int = 0
     losses: list[torch.Tensor] = field(default_factory=list)  # each step's (policy, value, entropy) loss
     diagnostics: list[torch.Tensor] = field(default_factory=list)  # each epoch's (approx KL, clip fraction)
+    # A network with memory: the fields above are laid out as sequences, [length, sequences, ...]; these say where
+    # each starts from ([sequences, state_size]), where an episode starts inside it and which steps are frames.
+    state: torch.Tensor | None = None
+    starts: torch.Tensor | None = None
+    valid: torch.Tensor | None = None
+
+    @property
+    def size(self) -> int:
+        """What the epochs shuffle and split into minibatches: samples, or sequences for a network with memory."""
+        return self.obs.shape[0] if self.valid is None else self.valid.shape[1]
 
     def minibatch(self, idx: torch.Tensor) -> tuple:
-        """The samples ``idx``, as ``PPO._loss`` takes them."""
-        return (plain(self.obs[idx]), self.action[idx], self.old_log_prob[idx], self.advantages[idx],
-                self.returns[idx], self.old_value[idx])
+        """The samples (or sequences) ``idx``, as ``PPO._loss`` takes them."""
+        if self.valid is None:
+            return (plain(self.obs[idx]), self.action[idx], self.old_log_prob[idx], self.advantages[idx],
+                    self.returns[idx], self.old_value[idx])
+        return (plain(self.obs[:, idx]), self.action[:, idx], self.old_log_prob[:, idx], self.advantages[:, idx],
+                self.returns[:, idx], self.old_value[:, idx], self.state[idx], self.starts[:, idx], self.valid[:, idx])
+
+    def frames(self, x):
+        """``x`` (a field above) as one row per frame: without a sequence layout's padding."""
+        return x if self.valid is None else x[self.valid]
 
 
 class PPO:
@@ -84,6 +108,12 @@ class PPO:
         if batch is not None and minibatch > batch:
             raise ConfigError(f"algo.minibatch_size ({minibatch}) is larger than the batch "
                               f"(collector.frames_per_batch={batch}); use at most {batch}")
+        recurrent = (config["algo"].get("network") or {}).get("recurrent")
+        for key in ("compile", "cuda_graph"):
+            if recurrent and values.get(key) is True:
+                raise ConfigError(f"algo.{key}=true does not take a recurrent network (algo.network.recurrent="
+                                  f"{recurrent}: its update unrolls sequences with a loop over their episode starts); "
+                                  f"use algo.{key}=auto (off for it) or false")
 
     def __init__(
         self,
@@ -103,6 +133,9 @@ class PPO:
         ent_coef: NonNegativeNumber = 0.0,  # weight of the entropy bonus
         max_grad_norm: PositiveNumber = 0.5,  # global gradient-norm clip
         norm_adv: Flag = True,  # normalize advantages per minibatch
+        # a network with memory trains on windows of this many steps of each env (backpropagation through time
+        # truncated there), each from the state its first step acted in; null: each env's whole batch
+        sequence_length: Annotated[int | None, Integer(1, null="each env's steps of the whole batch")] = None,
         target_kl: PositiveNumberOrNull = None,  # stop the epochs early once the approximate KL exceeds this
         adam_eps: PositiveNumber = 1e-5,  # Adam epsilon
         nonfinite: NonFinite = "error",  # a NaN/inf loss or gradient: error stops the run; skip skips that step
@@ -124,9 +157,11 @@ class PPO:
         self.clip_coef, self.clip_vloss = clip_coef, clip_vloss
         self.vf_coef, self.ent_coef = vf_coef, ent_coef
         self.max_grad_norm, self.norm_adv, self.target_kl = max_grad_norm, norm_adv, target_kl
-        # Not with data-parallel ranks yet: their step exchanges statistics mid-way (the config check says so).
-        compiled = compile_enabled(compile, self.device) and not strategy.PARALLEL
-        graphed = cuda_graph_enabled(cuda_graph, self.device) and not strategy.PARALLEL
+        self.recurrent, self.sequence_length = state_size(policy) > 0, sequence_length
+        # Not with data-parallel ranks yet: their step exchanges statistics mid-way (the config check says so);
+        # nor for a network with memory, whose unroll loops over the episode starts in its sequences.
+        compiled = compile_enabled(compile, self.device) and not strategy.PARALLEL and not self.recurrent
+        graphed = cuda_graph_enabled(cuda_graph, self.device) and not strategy.PARALLEL and not self.recurrent
         self._params = list(policy.parameters())
         self.optimizer = optimizers.adam(self._params, lr, self.device, graphed,
                                          lr_tensor=anneal_lr and (compiled or graphed), eps=adam_eps)
@@ -164,10 +199,11 @@ class PPO:
         if batch is not None:
             self._pending = self._prepare(batch)
         p = self._pending  # a resumed update goes on from its epoch, shuffle and minibatch
+        minibatch_size = self.minibatch_size if p.valid is None else max(1, self.minibatch_size // p.valid.shape[0])
         for epoch in range(p.epoch, self.epochs):
             if p.perm is None:
-                p.perm = torch.randperm(p.obs.shape[0], device=self.device)
-            minibatches = p.perm.split(self.minibatch_size)
+                p.perm = torch.randperm(p.size, device=self.device)
+            minibatches = p.perm.split(minibatch_size)
             for k in range(p.next, len(minibatches)):
                 if should_stop():
                     p.epoch, p.next = epoch, k
@@ -187,10 +223,10 @@ class PPO:
 
         # Fold this batch into the observation statistics only now, so the epochs above used the
         # same normalization the collector acted with; the next push carries the new statistics.
-        self.policy.encoder.update(p.obs, self.strategy.moments)
+        self.policy.encoder.update(p.frames(p.obs), self.strategy.moments)
 
         mean = torch.stack(p.losses).mean(0).tolist() + torch.stack(p.diagnostics).mean(0).tolist()
-        returns, old_value = p.returns, p.old_value
+        returns, old_value = p.frames(p.returns), p.frames(p.old_value)
         moments = self.strategy.moments
         explained_var = 1 - moments(returns - old_value)[1] / moments(returns)[1].clamp_min(1e-8)
         metrics = {
@@ -215,28 +251,55 @@ class PPO:
         self.frames += batch.numel()
 
         # Rewards are transformed on the host, where the return normalizer's recursion over time is cheap.
-        batch = batch.select(*_LEARNER_KEYS)
+        keys = [*_LEARNER_KEYS, "recurrent_state"] if self.recurrent else _LEARNER_KEYS
+        batch = batch.select(*keys)
         if self.sign_reward:
             batch["reward"] = batch["reward"].sign()
         if self.reward_norm is not None:
             batch["reward"] = self.reward_norm(batch["reward"], batch["done"])
-        policy, batch = self.policy, to_learner(batch, _LEARNER_KEYS, self.device)
+        policy, batch = self.policy, to_learner(batch, keys, self.device)
 
         # Advantages with the current critic for the whole batch, bootstrapping from ("next", "observation").
         obs, action, reward = batch["observation"], batch["action"], batch["reward"]
         with torch.no_grad():
-            value = policy.value(obs)
-            next_value = policy.value(batch["next", "observation"])
+            if self.recurrent:
+                value, next_value = self._values_in_state(batch)
+            else:
+                value = policy.value(obs)
+                next_value = policy.value(batch["next", "observation"])
             advantages = gae(reward, value, next_value, batch["terminated"], batch["done"], self.gamma, self.gae_lambda)
             returns = advantages + value
+        if self.recurrent:
+            seq = Sequences(*reward.shape, self.sequence_length or reward.shape[0])
+            return PendingEpochs(*map(seq.lay_out, (obs, action, batch["log_prob"], value, advantages, returns)),
+                                 state=seq.first_states(batch["recurrent_state"]), starts=seq.starts(batch["done"]),
+                                 valid=seq.valid(self.device))
         obs, action = obs.flatten(0, 1), action.flatten(0, 1)
         return PendingEpochs(obs, action, batch["log_prob"].flatten(), value.flatten(), advantages.flatten(),
                              returns.flatten())
 
+    def _values_in_state(self, batch: TensorDict) -> tuple[torch.Tensor, torch.Tensor]:
+        """A network with memory: each frame's value from the state its action was chosen in, and its next
+        observation's from the state that step led to (before any reset: the episode's own, where it was cut
+        short), both one step of the core for the whole batch at once."""
+        shape = batch["reward"].shape
+        value, after = self.policy.value_in_state(batch["observation"].flatten(0, 1),
+                                                  batch["recurrent_state"].flatten(0, 1))
+        next_value, _ = self.policy.value_in_state(batch["next", "observation"].flatten(0, 1), after)
+        return value.view(shape), next_value.view(shape)
+
     def _loss(self, obs, action: torch.Tensor, old_log_prob: torch.Tensor, adv: torch.Tensor, returns: torch.Tensor,
-              old_value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """PPO's loss on a minibatch: (loss, its three parts detached, ratio, log ratio)."""
-        log_prob, entropy, new_value = self._evaluate(obs, action)
+              old_value: torch.Tensor, *memory: torch.Tensor,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """PPO's loss on a minibatch: (loss, its three parts detached, ratio, log ratio). ``memory``: for a network
+        with memory, the sequences' first states, episode starts and valid steps (``PendingEpochs.minibatch``);
+        every term is then taken over the valid steps only."""
+        if memory:
+            state, starts, valid = memory
+            log_prob, entropy, new_value = (x[valid] for x in self._evaluate(obs, action, state, starts))
+            old_log_prob, adv, returns, old_value = old_log_prob[valid], adv[valid], returns[valid], old_value[valid]
+        else:
+            log_prob, entropy, new_value = self._evaluate(obs, action)
         log_ratio = log_prob - old_log_prob
         ratio = log_ratio.exp()
         if self.norm_adv and adv.numel() > 1:

@@ -41,10 +41,10 @@ class AsyncRankCollector(RankCollector):
 
     def __init__(self, env_spec: EnvSpec, frames_per_batch: int, sender=None, envs_per_rank: int = 8,
                  workers_per_rank: int = 0, max_lag: int | None = 2, start_method: str = "spawn",
-                 timeout_s: float = 60.0):
+                 timeout_s: float = 60.0, state_size: int = 0):
         # ``sender`` is not needed: a rank acts with the newest weights it holds, whatever their version.
         super().__init__(env_spec, frames_per_batch, None, envs_per_rank, workers_per_rank, max_lag, start_method,
-                         timeout_s)
+                         timeout_s, state_size)
         # Backpressure: a rank is not commanded for a batch the learner would drop as too old (indexed by rank).
         self._backlog = Backlog(len(self.pool.ranks) + 1, max_lag) if max_lag is not None else None
 

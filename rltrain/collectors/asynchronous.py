@@ -34,7 +34,7 @@ class AsyncCollector(Collector):
     def __init__(self, make_env: Callable, make_policy: Callable, make_receiver: Callable[[], WeightReceiver],
                  env_spec: EnvSpec, frames_per_batch: PositiveInt, workers: PositiveInt = 2,
                  envs_per_worker: PositiveInt = 8, max_lag: MaxLag = 2, start_method: StartMethod = "spawn",
-                 timeout_s: PositiveNumber = 60.0, seed: int = 0):
+                 timeout_s: PositiveNumber = 60.0, seed: int = 0, state_size: int = 0):
         steps = batch_steps(frames_per_batch, envs_per_worker, " x ".join(self.BATCH_ENVS))
         self.frames_per_batch, self.max_lag = frames_per_batch, max_lag
         # Backpressure: a worker holds off rather than collect a batch the learner would drop as too old.
@@ -42,7 +42,7 @@ class AsyncCollector(Collector):
         serve = functools.partial(serve_async, backlog=self._backlog)
         self.pool = WorkerPool(serve, make_env, make_policy, make_receiver, env_spec, steps=steps, workers=workers,
                                envs_per_worker=envs_per_worker, buffers_per_worker=2, start_method=start_method,
-                               timeout_s=timeout_s, seed=seed)
+                               timeout_s=timeout_s, seed=seed, state_size=state_size)
 
     def __iter__(self) -> Iterator[TensorDict]:
         pool, everyone = self.pool, set(range(self.pool.size))

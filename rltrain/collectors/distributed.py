@@ -60,7 +60,8 @@ class DistributedCollector(Collector):
     def __new__(cls, env_spec: EnvSpec, frames_per_batch: PositiveInt, sender,
                 mode: Annotated[str, MODE] = "lockstep", envs_per_rank: PositiveInt = 8,
                 workers_per_rank: Annotated[int, Integer(0, note="0: a rank steps its envs itself")] = 0,
-                max_lag: MaxLag = 2, start_method: StartMethod = "spawn", timeout_s: PositiveNumber = 60.0):
+                max_lag: MaxLag = 2, start_method: StartMethod = "spawn", timeout_s: PositiveNumber = 60.0,
+                state_size: int = 0):
         return kind(mode)(env_spec, frames_per_batch, sender, envs_per_rank=envs_per_rank,
                           workers_per_rank=workers_per_rank, max_lag=max_lag, start_method=start_method,
-                          timeout_s=timeout_s)
+                          timeout_s=timeout_s, state_size=state_size)

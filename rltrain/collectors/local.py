@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from tensordict import TensorDict
 from torch import nn
 
+from rltrain.algos.recurrent import state_size
 from rltrain.collectors.batch import as_batch, batch_steps
 from rltrain.collectors.rollout import Rollout, allocate_frames
 from rltrain.envs.batched import BatchedEnv
@@ -25,7 +26,8 @@ class LocalCollector(Collector):
     Keys: ``observation``, ``action``, ``log_prob``, ``reward``, ``terminated``, ``truncated``,
     ``done``, ``("next", "observation")`` (the true final observation where an episode ended),
     ``episode_return`` / ``episode_length`` (running totals, final where ``done``), and
-    ``policy_version`` (the weights version that chose the action).
+    ``policy_version`` (the weights version that chose the action); with a policy that has memory,
+    ``recurrent_state`` (the state each action was chosen from).
     """
 
     BATCH_ENVS = ("env.num_envs",)  # the envs one batch spans: frames_per_batch must be a multiple
@@ -50,10 +52,11 @@ class LocalCollector(Collector):
             self.env.close()
             raise
         self._rollout = Rollout(self.env, self.policy, self.receiver)
+        self._state_size = state_size(self.policy)
 
     def __iter__(self) -> Iterator[TensorDict]:
         while True:
-            frames = allocate_frames(self.env.spec, self._steps, self.env.num_envs)
+            frames = allocate_frames(self.env.spec, self._steps, self.env.num_envs, state_size=self._state_size)
             self._rollout.collect({k: v.numpy() for k, v in frames.items()})
             yield as_batch(frames)
 

@@ -31,12 +31,12 @@ class LockstepCollector(Collector):
     def __init__(self, make_env: Callable, make_policy: Callable, make_receiver: Callable[[], WeightReceiver],
                  env_spec: EnvSpec, frames_per_batch: PositiveInt, workers: PositiveInt = 2,
                  envs_per_worker: PositiveInt = 8, start_method: StartMethod = "spawn",
-                 timeout_s: PositiveNumber = 60.0, seed: int = 0):
+                 timeout_s: PositiveNumber = 60.0, seed: int = 0, state_size: int = 0):
         steps = batch_steps(frames_per_batch, workers * envs_per_worker, " x ".join(self.BATCH_ENVS))
         self.frames_per_batch = frames_per_batch
         self.pool = WorkerPool(serve_lockstep, make_env, make_policy, make_receiver, env_spec, steps=steps,
                                workers=workers, envs_per_worker=envs_per_worker, buffers_per_worker=1,
-                               start_method=start_method, timeout_s=timeout_s, seed=seed)
+                               start_method=start_method, timeout_s=timeout_s, seed=seed, state_size=state_size)
 
     def __iter__(self) -> Iterator[TensorDict]:
         pool, everyone = self.pool, set(range(self.pool.size))

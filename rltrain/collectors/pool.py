@@ -44,9 +44,10 @@ class WorkerPool:
         start_method: StartMethod,
         timeout_s: float,
         seed: int,
+        state_size: int = 0,  # the policy's memory per env (frames then hold the state each action came from)
     ):
         self.size, self.timeout_s, self._env_id = workers, timeout_s, env_spec.id
-        self.buffers = [[allocate_frames(env_spec, steps, envs_per_worker, shared=True)
+        self.buffers = [[allocate_frames(env_spec, steps, envs_per_worker, shared=True, state_size=state_size)
                          for _ in range(buffers_per_worker)] for _ in range(workers)]
         self._children: list[ChildProcess] = []
         self._receivers: list[WeightReceiver] = []

@@ -52,10 +52,10 @@ def check_rank_batch(frames_per_batch: int, span: int, what: str, how_many: str,
                           f"({workers_per_rank}): each worker steps the same number of envs")
 
 
-def frame_buffer(spec: EnvSpec, steps: int, envs: int) -> FlatBuffer:
+def frame_buffer(spec: EnvSpec, steps: int, envs: int, state_size: int = 0) -> FlatBuffer:
     """One flat buffer with a view per frame key: a batch travels as one message."""
     layout = {k: (shape, torch.from_numpy(np.zeros(0, dtype)).dtype)
-              for k, (shape, dtype) in frame_layout(spec, steps, envs).items()}
+              for k, (shape, dtype) in frame_layout(spec, steps, envs, state_size).items()}
     return FlatBuffer(layout, shared=False)
 
 
@@ -65,11 +65,11 @@ class RankPool:
     ``timeout_s``. The constructor returns once every rank has joined and said it is ready."""
 
     def __init__(self, world: process_groups.World, env_spec: EnvSpec, steps: int, envs_per_rank: int, timeout_s: float,
-                 kind: str):
+                 kind: str, state_size: int = 0):
         self.timeout_s = timeout_s
         self.ranks = list(range(1, world.size))
-        self.frame_keys = list(frame_layout(env_spec, 1, 1))
-        self._buffers = {r: frame_buffer(env_spec, steps, envs_per_rank) for r in self.ranks}
+        self.frame_keys = list(frame_layout(env_spec, 1, 1, state_size))
+        self._buffers = {r: frame_buffer(env_spec, steps, envs_per_rank, state_size) for r in self.ranks}
         self._done: queue.Queue = queue.Queue()
         self.receiving: dict[int, threading.Thread] = {}  # the batch each rank commanded in the background sends
         self._owed: set[int] = set()  # ranks commanded whose answer was not read yet
@@ -206,7 +206,7 @@ class RankCollector(Collector):
 
     def __init__(self, env_spec: EnvSpec, frames_per_batch: int, sender=None, envs_per_rank: int = 8,
                  workers_per_rank: int = 0, max_lag: int | None = 2, start_method: str = "spawn",
-                 timeout_s: float = 60.0):
+                 timeout_s: float = 60.0, state_size: int = 0):
         # workers_per_rank and start_method are the ranks' own (factory.serve_rank builds their collectors).
         world = process_groups.current()
         config = {"frames_per_batch": frames_per_batch, "envs_per_rank": envs_per_rank,
@@ -214,7 +214,7 @@ class RankCollector(Collector):
         self.check_job(world, config)
         self.frames_per_batch, self.max_lag, self._sender = frames_per_batch, max_lag, sender
         steps = self.rank_frames(config, collector_ranks(world)) // envs_per_rank
-        self.pool = RankPool(world, env_spec, steps, envs_per_rank, timeout_s, self.KIND)
+        self.pool = RankPool(world, env_spec, steps, envs_per_rank, timeout_s, self.KIND, state_size)
 
     def close(self) -> None:
         self.pool.close()

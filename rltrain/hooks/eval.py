@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from rltrain.algos.recurrent import Memory
 from rltrain.envs import BatchedEnv
 from rltrain.envs.spaces import to_torch
 from rltrain.hooks.base import Every, Hook
@@ -105,13 +106,14 @@ class EvalHook(Evaluation):
         lengths = np.zeros(env.num_envs, dtype=np.int64)
         running = np.ones(env.num_envs, dtype=bool)
         obs = env.reset()
+        memory = Memory(self.policy, env.num_envs)  # a policy with memory acts from its state (one episode per env)
         was_training = self.policy.training
         self.policy.eval()
         try:
             with torch.inference_mode():
                 for _ in range(self.max_steps):
                     stop()
-                    action, _ = self.policy.act(to_torch(obs, self.device), deterministic=self.deterministic)
+                    action, _ = memory.act(to_torch(obs, self.device), deterministic=self.deterministic)
                     _, reward, terminated, truncated, obs = env.step(action.cpu().numpy())
                     returns += reward * running
                     lengths += running
