@@ -13,8 +13,9 @@ import torch
 import tests.toy_envs  # noqa: F401  (registers MaskedChoice-v0, UnmaskedChoice-v0)
 from rltrain import build
 from rltrain.algos.networks import ActorCritic
+from rltrain.envs import make_envs
 from rltrain.envs.batched import spec_from_spaces
-from rltrain.errors import ConfigError, EnvError, RunError
+from rltrain.errors import CollectorError, ConfigError, EnvError
 from tests.conftest import make_config
 from tests.test_outputs import read_jsonl
 
@@ -78,10 +79,17 @@ def test_a_mask_that_does_not_fit_the_action_space_is_refused_in_one_line(action
     assert "\n" not in str(err.value) and "Game-v0" in str(err.value)
 
 
-def test_a_mask_that_allows_no_action_names_the_env_and_the_row():
-    net = policy(gym.spaces.Discrete(4), 4)
-    with pytest.raises(RunError, match=r"env.id='Game-v0' gave an 'action_mask' that allows no action \(env 1 of"):
-        net.act(observations([[1, 0, 0, 0], [0, 0, 0, 0]]))
+@pytest.mark.parametrize("collector", ["local", "lockstep"])
+def test_a_mask_that_allows_no_action_names_the_env_and_the_step(tmp_path, collector):
+    workers = ("collector=lockstep", "collector.workers=2", "collector.envs_per_worker=2") if collector == "lockstep" \
+        else ("env.num_envs=4",)
+    trainer = build(make_config("env.id=tests.toy_envs:EmptyMask-v0", *workers, "collector.frames_per_batch=64",
+                                "algo.minibatch_size=64", "trainer.total_frames=4096"), run_dir=tmp_path / "run")
+    # (in a worker: the CollectorError that names the worker, with the env's error)
+    error = EnvError if collector == "local" else CollectorError
+    with pytest.raises(error, match=r"env.id='tests.toy_envs:EmptyMask-v0' gave an 'action_mask' that allows no "
+                                    r"action \(env 0 at step 3 of its episode, env 1 at step 3"):
+        trainer.fit()
 
 
 @pytest.mark.parametrize("collector", ["local", "lockstep", "async"])
@@ -98,6 +106,16 @@ def test_an_env_that_raises_on_an_invalid_action_trains_to_its_optimum_without_a
     # sampled: the async collector acts a batch behind the learner, so one in ten episodes may still miss a
     # point (7.9 in one CI run); greedy: the optimum
     assert summary["train_return"] >= 7.5 and summary["eval_return"] == 8
+
+
+def test_masks_from_an_action_masks_method_reach_the_policy_in_worker_processes(tmp_path):
+    # sb3-contrib's convention: the env has an action_masks() method; rltrain moves its masks into the observation
+    summary = build(make_config("env.id=tests.toy_envs:MaskMethodChoice-v0", "collector=lockstep",
+                                "sync=shared_mem", "trainer.total_frames=16384", "seed=0"),
+                    run_dir=tmp_path / "run").fit()
+    assert summary["status"] == "completed" and summary["eval_return"] == 8  # the env raises on an invalid action
+    env = make_envs("tests.toy_envs:MaskMethodChoice-v0")
+    assert env.spec.masked and set(env.spec.observation) == {"observation", "action_mask"}
 
 
 def test_without_a_mask_the_same_policy_meets_the_env_s_error(tmp_path):

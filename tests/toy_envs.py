@@ -296,6 +296,36 @@ class UnmaskedChoiceEnv(MaskedChoiceEnv):
 gym.register("UnmaskedChoice-v0", entry_point=UnmaskedChoiceEnv, max_episode_steps=8)
 
 
+class MaskMethodChoiceEnv(MaskedChoiceEnv):
+    """The same game, its mask given by an ``action_masks()`` method (sb3-contrib's convention), not observed."""
+
+    def __init__(self):
+        super().__init__()
+        self.observation_space = self.observation_space["step"]
+
+    def _observe(self):
+        return super()._observe()["step"]
+
+    def action_masks(self) -> np.ndarray:
+        return self.mask.astype(bool)
+
+
+gym.register("MaskMethodChoice-v0", entry_point=MaskMethodChoiceEnv, max_episode_steps=8)
+
+
+class EmptyMaskEnv(MaskedChoiceEnv):
+    """The same game, but its mask allows nothing at the 3rd step of every episode."""
+
+    def _observe(self):
+        obs = super()._observe()
+        if self.t == 3:
+            obs[self.KEY][:] = 0
+        return obs
+
+
+gym.register("EmptyMask-v0", entry_point=EmptyMaskEnv, max_episode_steps=8)
+
+
 class CueMemoryEnv(gym.Env):
     """A cue shown once, asked for at the end: the first observation shows one of 2 cues (one-hot), the next
     ``delay`` are blank, and the last one asks (its third entry is 1); the answer to the question scores +1 if it

@@ -32,11 +32,6 @@ def mask_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(mask == 0, torch.finfo(logits.dtype).min)
 
 
-def unmaskable_rows(mask: torch.Tensor, nvec: tuple[int, ...]) -> torch.Tensor:
-    """``[*batch]``: whether a row's mask leaves some entry of the action (each of ``nvec``'s) no valid value."""
-    return torch.stack([~part.any(-1) for part in torch.split(mask != 0, list(nvec), -1)], -1).any(-1)
-
-
 def make_head(action: ActionSpec, init_log_std: float = 0.0) -> nn.Module:
     """The distribution for ``action``'s kind; ``init_log_std`` is the Gaussian's (Box actions)."""
     if action.kind == "box":

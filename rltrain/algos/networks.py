@@ -10,12 +10,11 @@ import torch
 from torch import nn
 
 from rltrain.algos.encoders import NATURE_CNN, ObsEncoder, orthogonal
-from rltrain.algos.heads import LOG_SQRT_2PI, make_head, mask_logits, unmaskable_rows
+from rltrain.algos.heads import LOG_SQRT_2PI, make_head, mask_logits
 from rltrain.algos.recurrent import Kind as RecurrentKind
 from rltrain.algos.recurrent import RecurrentCore
 from rltrain.envs import EnvSpec
 from rltrain.envs.spaces import MASK_KEY
-from rltrain.errors import RunError
 from rltrain.rules import Flag, IntegerList, OneOf, PositiveInt
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -76,7 +75,7 @@ class ActorCritic(nn.Module):
         features = self.core.size if self.core else self.encoder.out_dim
         self.actor = mlp(features, list(hidden_sizes), self.head.out_dim, activation, out_gain=0.01)
         self.critic = mlp(features, list(hidden_sizes), 1, activation, out_gain=1.0)
-        self.env_id, self.nvec, self.masked = env_spec.id, env_spec.action.nvec, env_spec.masked
+        self.masked = env_spec.masked
 
     def value(self, obs) -> torch.Tensor:
         return run_layers(self.critic, self.encoder.forward(obs)).squeeze(-1)
@@ -119,19 +118,9 @@ class ActorCritic(nn.Module):
 
     def _sample(self, obs, features: torch.Tensor, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
         logits = run_layers(self.actor, features)
-        if self.masked:
-            self._check_mask(obs[MASK_KEY])
+        if self.masked:  # (a mask that allows nothing is refused where the env gave it: Rollout, the eval hook)
             logits = mask_logits(logits, obs[MASK_KEY])
         return self.head.sample(logits, deterministic)
-
-    def _check_mask(self, mask: torch.Tensor) -> None:
-        stuck = unmaskable_rows(mask, self.nvec)
-        if stuck.any():
-            rows = stuck.reshape(-1).nonzero().flatten().tolist()
-            raise RunError(f"env.id={self.env_id!r} gave an {MASK_KEY!r} that allows no action (env "
-                           f"{', '.join(map(str, rows[:8]))} of the batch{'...' if len(rows) > 8 else ''}; for "
-                           "MultiDiscrete, some entry had no valid value): every observation's mask must allow at "
-                           "least one action, a terminal observation's too")
 
 
 class SquashedGaussianActor(nn.Module):

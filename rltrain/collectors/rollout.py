@@ -13,8 +13,9 @@ import torch
 from torch import nn
 
 from rltrain.algos.recurrent import Memory
+from rltrain.envs.action_masks import refuse_empty
 from rltrain.envs.batched import BatchedEnv
-from rltrain.envs.spaces import EnvSpec, flat_leaves, map_obs, nest, to_torch
+from rltrain.envs.spaces import MASK_KEY, EnvSpec, flat_leaves, map_obs, nest, to_torch
 from rltrain.sync.base import WeightReceiver
 
 log = logging.getLogger("rltrain")
@@ -82,6 +83,7 @@ class Rollout:
         o_nonfinite = out["nonfinite"] if env.nonfinite == "replace" else None  # else never set
         o_state = out.get("recurrent_state")  # a policy with memory: the state each step acts from
         store = _store_keys if isinstance(o_obs, dict) else _store
+        masked, nvec = env.spec.masked, env.spec.action.nvec
         receiver.poll()  # new weights, if any, only at this boundary (or between steps, below)
         with torch.inference_mode():
             for t in range(o_rew.shape[0]):
@@ -89,6 +91,8 @@ class Rollout:
                     receiver.poll()
                 o_ver[t] = receiver.version
                 obs_t = store(o_obs, t, obs)
+                if masked:
+                    refuse_empty(obs_t[MASK_KEY], nvec, env.id, ep_length)
                 if o_state is not None:
                     o_state[t] = memory.state.numpy()
                 action, log_prob = memory.act(to_torch(obs_t))

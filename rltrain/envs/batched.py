@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 import rltrain.envs.env_state as env_state
+from rltrain.envs.action_masks import MaskInObservation, masks_method
 from rltrain.envs.spaces import EnvSpec, action_spec, check_action_mask, map_obs, observation_spec, zeros
 from rltrain.errors import ConfigError, EnvError
 from rltrain.rules import OneOf
@@ -58,7 +59,8 @@ def resolve_env_spec(env_id: str) -> gym.envs.registration.EnvSpec:
 
 def make_gym_env(env_id: str, kwargs: dict | None = None, wrappers: list[dict] | None = None) -> gym.Env:
     """Create one gymnasium env with ``wrappers`` applied in order, turning a missing optional
-    dependency or a wrapper that does not fit into a ConfigError."""
+    dependency or a wrapper that does not fit into a ConfigError. An env with an ``action_masks()`` method
+    (sb3-contrib's convention) gets its masks in its observation (``rltrain.envs.action_masks``)."""
     _quiet_upstream_noise(resolve_env_spec(env_id), (kwargs or {}).get("render_mode"))
     try:
         # The passive checker costs ~30% of a CartPole step and only warns; users can wrap their own.
@@ -76,7 +78,17 @@ def make_gym_env(env_id: str, kwargs: dict | None = None, wrappers: list[dict] |
             env.close()
             raise ConfigError(f"env.wrappers[{i}] ({item['wrapper']}) failed on {env_id}: {type(e).__name__}: {e}"
                               ) from None
+    if masks_method(env) is not None and not _wrapped_in(env, MaskInObservation):  # sb3-contrib's convention
+        env = MaskInObservation(env)
     return env
+
+
+def _wrapped_in(env: gym.Env, wrapper: type) -> bool:
+    while isinstance(env, gym.Wrapper):
+        if isinstance(env, wrapper):
+            return True
+        env = env.env
+    return False
 
 
 def _quiet_upstream_noise(spec: gym.envs.registration.EnvSpec, render_mode: str | None) -> None:

@@ -16,7 +16,8 @@ from torch import nn
 
 from rltrain.algos.recurrent import Memory
 from rltrain.envs import BatchedEnv
-from rltrain.envs.spaces import to_torch
+from rltrain.envs.action_masks import refuse_empty
+from rltrain.envs.spaces import MASK_KEY, to_torch
 from rltrain.hooks.base import Every, Hook
 from rltrain.rules import Flag, PositiveInt
 from rltrain.state import TrainState
@@ -113,6 +114,8 @@ class EvalHook(Evaluation):
             with torch.inference_mode():
                 for _ in range(self.max_steps):
                     stop()
+                    if env.spec.masked:
+                        refuse_empty(obs[MASK_KEY], env.spec.action.nvec, env.id, lengths)
                     action, _ = memory.act(to_torch(obs, self.device), deterministic=self.deterministic)
                     _, reward, terminated, truncated, obs = env.step(action.cpu().numpy())
                     returns += reward * running
