@@ -118,3 +118,16 @@ def test_upstream_noise_that_tells_a_user_nothing_is_not_printed(args, noise, tm
     assert result.returncode == 0, result.stderr
     assert noise not in result.stdout + result.stderr
     assert not (tmp_path / "MUJOCO_LOG.TXT").exists()
+
+
+def test_keep_indices_observes_only_the_entries_asked_for_and_names_a_bad_index():
+    from rltrain.envs import make_envs
+    from rltrain.errors import ConfigError
+
+    keep = [{"wrapper": "rltrain.envs.wrappers.KeepIndices", "indices": [0, 2]}]
+    full, partial = make_envs("CartPole-v1", seed=3), make_envs("CartPole-v1", seed=3, wrappers=keep)
+    assert partial.spec.obs_shape == (2,)
+    np.testing.assert_array_equal(partial.reset(), full.reset()[:, [0, 2]])  # position and angle, no velocities
+    with pytest.raises(ConfigError, match=r"env.wrappers\[0\] \(rltrain.envs.wrappers.KeepIndices\) failed on "
+                                          r"CartPole-v1: ValueError: indices \[0, 4\] must be entries"):
+        make_envs("CartPole-v1", wrappers=[{**keep[0], "indices": [0, 4]}])
