@@ -31,7 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--only", default=None,
                    help=f"comma-separated categories: {', '.join(CATEGORIES + ON_REQUEST)} (default: all but "
                         f"{', '.join(ON_REQUEST)})")
-    p.add_argument("--compare", default="torchrl,sb3,trl", help="peers to run beside rltrain, or 'none'")
+    p.add_argument("--compare", default="torchrl,sb3,sb3_contrib,trl", help="peers to run beside rltrain, or 'none'")
     p.add_argument("--peer-python", default=None,
                    help="a Python with the peers installed (e.g. a venv with torchrl, which pins tensordict<0.15); "
                         "peers importable here run in this process")

@@ -201,10 +201,11 @@ class Peer:
     missing: str | None = None  # why it cannot be measured (then its column stays empty)
 
 
-PEER_MODULES = {"torchrl": "torchrl", "sb3": "stable_baselines3", "trl": "trl"}
+PEER_MODULES = {"torchrl": "torchrl", "sb3": "stable_baselines3", "sb3_contrib": "sb3_contrib", "trl": "trl"}
 INSTALL_HINT = {
     "torchrl": "pip install -e '.[bench]' (torchrl pins tensordict<0.15), or a venv of its own: --peer-python PATH",
     "sb3": "pip install -e '.[bench]', or --peer-python PATH with stable-baselines3 installed",
+    "sb3_contrib": "pip install -e '.[bench]', or --peer-python PATH with sb3-contrib installed",
     # trl pulls its own versions of transformers/accelerate/datasets: a venv of its own keeps rltrain's intact
     "trl": "pip install trl, or a venv of its own (python -m venv --system-site-packages V && V/bin/pip install trl): "
            "--trl-python V/bin/python",

@@ -9,6 +9,13 @@ last 10 training episodes average >= 475; Pendulum-v1 SAC (``+recipe=sac_pendulu
 lr 1e-3, batch 256, one gradient step per frame, its default 256x256 networks), both stopping at
 >= -200.
 
+Beside sb3-contrib (``RecurrentPPO``, ``MaskablePPO``), on the envs of issue 38's learning tests
+(``tests/toy_envs.py``), both with rltrain's PPO defaults (16 envs, 32 steps, 10 epochs of 256, lr 3e-3
+annealed, gamma 0.98, lambda 0.8, 64x64 layers) and stopping once the last 100 training episodes average the
+threshold: CueMemory-v0 with its cue 16 steps before the question (an LSTM of 128 units; >= 0.9, that is 95%
+of the answers right, where chance is 0) and ConnectFour-v0 against a random player (masks from its
+``action_masks()`` method, a full column raises; >= 0.95, wins minus losses per game).
+
 ``--quick`` proves each program runs, not how fast it solves: one start-up round, and CartPole for
 a fixed small budget (QUICK_FRAMES, the same for SB3) instead of until solved, since a run to a goal
 takes as long as the machine and the seed make it.
@@ -91,12 +98,12 @@ def median_or_none(values):
 
 
 def solve(ctx, label: str, overrides: list[str], program: str, seeds: list[int], target: str,
-          goals: tuple[Goal, ...] = (), sb3_args: tuple[str, ...] = ()) -> Row:
-    sb3 = ctx.peer("sb3")
-    runs = {OURS: [], "sb3": []}
+          goals: tuple[Goal, ...] = (), sb3_args: tuple[str, ...] = (), peer: str = "sb3") -> Row:
+    sb3 = ctx.peer(peer)
+    runs = {OURS: [], peer: []}
     for seed in seeds:  # interleaved: the machine's noise falls on both alike
         if sb3:
-            runs["sb3"].append(sb3_run(sb3.python or sys.executable, program, seed, *sb3_args))
+            runs[peer].append(sb3_run(sb3.python or sys.executable, program, seed, *sb3_args))
         runs[OURS].append(rltrain_run(seed, *overrides))
     cells = {c: Stat([r["wall_s"] for r in rs], "s") if rs else None for c, rs in runs.items()}
     row = Row(label, cells, target=target, goals=goals)
@@ -112,6 +119,36 @@ def solve(ctx, label: str, overrides: list[str], program: str, seeds: list[int],
     return row
 
 
+# Issue 38's envs beside sb3-contrib: (label, rltrain's overrides, sb3_contrib_solve.py's arguments); each stops
+# once the mean of the last 100 training episodes reaches its threshold (--quick: after QUICK_FRAMES).
+CONTRIB = [
+    ("CueMemory-v0, cue 16 steps back, recurrent PPO (LSTM 128)",
+     ["env.id=tests.toy_envs:CueMemory-v0", "+env.kwargs.delay=16", "algo.network.recurrent=lstm",
+      "trainer.stop_at_return=0.9"],
+     ["--algo=recurrent", "--env=CueMemory-v0", "--delay=16", "--threshold=0.9"]),
+    ("ConnectFour-v0 against random play, full columns masked (action_masks())",
+     ["env.id=tests.toy_envs:ConnectFour-v0", "trainer.stop_at_return=0.95"],
+     ["--algo=maskable", "--env=ConnectFour-v0", "--threshold=0.95"]),
+]
+
+
+def contrib(ctx) -> Table:
+    """Recurrent and masked PPO beside sb3-contrib's RecurrentPPO and MaskablePPO, whole processes."""
+    columns = [OURS, "sb3_contrib"] if ctx.peer("sb3_contrib") else [OURS]
+    seeds = [0] if ctx.quick else [0, 1, 2]
+    budget = ([f"trainer.total_frames={QUICK_FRAMES}", "trainer.stop_at_return=null"], [f"--total={QUICK_FRAMES}"]) \
+        if ctx.quick else ([], [])
+    what = f"a fixed budget of {QUICK_FRAMES:,} frames (--quick)" if ctx.quick else \
+        f"time to solve, median [p10-p90] over seeds {seeds}"
+    table = Table(f"Beside sb3-contrib, whole process: {what}, seconds", columns, notes=ctx.peer_notes("sb3_contrib"))
+    for label, ours, theirs in CONTRIB:
+        table.rows.append(solve(ctx, label, [*ours, "trainer.return_window=100", *budget[0]], "sb3_contrib_solve.py",
+                                seeds, "" if ctx.quick else "<= 0.5x sb3-contrib",
+                                goals=() if ctx.quick else (Goal("sb3_contrib", at_least=2.0),),
+                                sb3_args=(*theirs, "--window=100", *budget[1]), peer="sb3_contrib"))
+    return table
+
+
 def run(ctx) -> list[Table]:
     columns, notes = [OURS, "sb3"] if ctx.peer("sb3") else [OURS], ctx.peer_notes("sb3")
     if ctx.quick:
@@ -119,7 +156,7 @@ def run(ctx) -> list[Table]:
                       "seconds, seed 0", columns, notes=notes)
         table.rows.append(solve(ctx, "CartPole-v1, PPO", [f"trainer.total_frames={QUICK_FRAMES}"],
                                 "sb3_cartpole.py", [0], "", sb3_args=(f"--total={QUICK_FRAMES}",)))
-        return [startup(ctx), table]
+        return [startup(ctx), table, contrib(ctx)]
     seeds = [0, 1, 2, 3, 4]
     table = Table(f"Time to solve, whole process: seconds, median [p10-p90] over seeds {seeds}", columns, notes=notes)
     # The targets bound rltrain's time as a fraction of SB3's; the table prints SB3's over rltrain's.
@@ -127,4 +164,4 @@ def run(ctx) -> list[Table]:
                             goals=(Goal("sb3", at_least=1 / 0.35),)))
     table.rows.append(solve(ctx, "Pendulum-v1, SAC 256x256", ["+recipe=sac_pendulum"], "sb3_pendulum_sac.py",
                             seeds, "<= 0.8x SB3, frames <= SB3's", goals=(Goal("sb3", at_least=1 / 0.8),)))
-    return [startup(ctx), table]
+    return [startup(ctx), table, contrib(ctx)]

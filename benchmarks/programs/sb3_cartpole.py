@@ -5,14 +5,13 @@ Run by the end_to_end category as a whole process; alone: python benchmarks/prog
 """
 
 import argparse
-import json
 import time
 
 t_start = time.perf_counter()
 
 from stable_baselines3 import PPO  # noqa: E402
 from stable_baselines3.common.env_util import make_vec_env  # noqa: E402
-from stop_at_return import StopAtReturn  # noqa: E402  (this folder is on sys.path: run as a script)
+from stop_at_return import learn_until_solved  # noqa: E402  (this folder is on sys.path: run as a script)
 
 
 def linear(start: float):
@@ -28,12 +27,7 @@ def main() -> None:
     model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98, n_epochs=20,
                 ent_coef=0.0, learning_rate=linear(1e-3), clip_range=linear(0.2), seed=args.seed, device="cpu",
                 verbose=0)
-    callback = StopAtReturn(475.0)
-    t_learn = time.perf_counter()
-    model.learn(args.total, callback=callback)
-    learn_s = time.perf_counter() - t_learn
-    print(json.dumps({"frames_to_solve": callback.solved_at, "frames": model.num_timesteps, "learn_s": learn_s,
-                      "in_process_s": time.perf_counter() - t_start}))
+    learn_until_solved(model, args.total, 475.0, t_start)
 
 
 if __name__ == "__main__":

@@ -15,3 +15,17 @@ class StopAtReturn(BaseCallback):
             self.solved_at = self.num_timesteps
             return False
         return True
+
+
+def learn_until_solved(model, total: int, threshold: float, t_start: float, window: int = 10) -> None:
+    """``model.learn`` for up to ``total`` frames, stopping at ``threshold``; prints the one JSON line the
+    end_to_end category reads (``t_start``: when the program started, before its imports)."""
+    import json
+    import time
+
+    callback = StopAtReturn(threshold, window)
+    t_learn = time.perf_counter()
+    model.learn(total, callback=callback)
+    learn_s = time.perf_counter() - t_learn
+    print(json.dumps({"frames_to_solve": callback.solved_at, "frames": model.num_timesteps, "learn_s": learn_s,
+                      "in_process_s": time.perf_counter() - t_start}))
