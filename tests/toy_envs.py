@@ -358,43 +358,6 @@ class CueMemoryEnv(gym.Env):
 gym.register("CueMemory-v0", entry_point=CueMemoryEnv, max_episode_steps=100)
 
 
-class TicTacToeEnv(gym.Env):
-    """Tic-tac-toe against a random player, who answers each move; the agent moves first. Observation: the 9
-    cells (1 the agent's, -1 the other's, 0 empty); action: a cell, which must be empty (an occupied one raises),
-    as ``action_masks()`` says (sb3-contrib's convention). +1 for a win, -1 for a loss, 0 for a draw. Random
-    play against random play wins about 58% of games and loses about 29%: a mean return near 0.3."""
-
-    observation_space = gym.spaces.Box(-1.0, 1.0, shape=(9,), dtype=np.float32)
-    action_space = gym.spaces.Discrete(9)
-    LINES = [(0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6)]
-
-    def reset(self, *, seed=None, options=None):
-        super().reset(seed=seed)
-        self.board = np.zeros(9, dtype=np.float32)
-        return self.board.copy(), {}
-
-    def action_masks(self) -> np.ndarray:
-        return self.board == 0
-
-    def _wins(self, player: float) -> bool:
-        return any(all(self.board[i] == player for i in line) for line in self.LINES)
-
-    def step(self, action):
-        if self.board[int(action)] != 0:
-            raise RuntimeError(f"invalid action {int(action)}: cell taken (board {self.board.tolist()})")
-        self.board[int(action)] = 1.0
-        if self._wins(1.0):
-            return self.board.copy(), 1.0, True, False, {}
-        if not (self.board == 0).any():
-            return self.board.copy(), 0.0, True, False, {}
-        self.board[self.np_random.choice(np.flatnonzero(self.board == 0))] = -1.0
-        if self._wins(-1.0):
-            return self.board.copy(), -1.0, True, False, {}
-        return self.board.copy(), 0.0, not (self.board == 0).any(), False, {}
-
-
-gym.register("TicTacToe-v0", entry_point=TicTacToeEnv, max_episode_steps=9)
-
 
 class ConnectFourEnv(gym.Env):
     """Connect Four (6 rows, 7 columns) against a random player, who answers each move; the agent moves first.
