@@ -64,7 +64,7 @@ class Rollout:
     """
 
     def __init__(self, env: BatchedEnv, policy: nn.Module, receiver: WeightReceiver, poll_each_step: bool = False):
-        self.env, self.policy, self.receiver = env, policy, receiver
+        self.env, self.receiver = env, receiver
         self.poll_each_step = poll_each_step
         self.memory = Memory(policy, env.num_envs)
         self._obs = map_obs(np.copy, env.reset())
