@@ -9,6 +9,11 @@ last 10 training episodes average >= 475; Pendulum-v1 SAC (``+recipe=sac_pendulu
 lr 1e-3, batch 256, one gradient step per frame, its default 256x256 networks), both stopping at
 >= -200.
 
+CartPole-v1 DQN: ``+recipe=dqn_cartpole`` beside SB3's DQN with RL-Zoo's CartPole settings (the recipe starts
+from them: 256x256 layers, 128 gradient steps of 64 per 256 frames, epsilon 1 -> 0.04 over 8k frames; then 3-step
+returns, a Polyak target and lr 5e-4 where SB3 copies its target and uses lr 2.3e-3), both stopping at >= 475;
+and both for a fixed 50k frames, scored by 10 deterministic episodes at the end.
+
 Beside sb3-contrib (``RecurrentPPO``, ``MaskablePPO``), on the envs of issue 38's learning tests
 (``tests/toy_envs.py``), both with rltrain's PPO defaults (16 envs, 32 steps, 10 epochs of 256, lr 3e-3
 annealed, gamma 0.98, lambda 0.8, 64x64 layers) and stopping once the last 100 training episodes average the
@@ -51,7 +56,7 @@ def rltrain_run(seed: int, *overrides: str) -> dict:
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
         first = float(mark.read_text()) - t0_wall if mark.exists() else None
     return {"wall_s": wall, "frames_to_solve": summary["frames_to_solve"], "learn_s": summary["wall_time_s"],
-            "first_batch_s": first}
+            "first_batch_s": first, "eval_return": summary["eval_return"]}
 
 
 def sb3_run(python: str, program: str, seed: int, *args: str) -> dict:
@@ -60,7 +65,8 @@ def sb3_run(python: str, program: str, seed: int, *args: str) -> dict:
                          capture_output=True, text=True, timeout=900).stdout
     wall = time.perf_counter() - t0
     result = json.loads(out.strip().splitlines()[-1])
-    return {"wall_s": wall, "frames_to_solve": result["frames_to_solve"], "learn_s": result["learn_s"]}
+    return {"wall_s": wall, "frames_to_solve": result["frames_to_solve"], "learn_s": result["learn_s"],
+            "eval_return": result.get("eval_return")}
 
 
 def import_torch_s() -> float:
@@ -149,6 +155,23 @@ def contrib(ctx) -> Table:
     return table
 
 
+DQN_FRAMES = 50_000  # the dqn_cartpole recipe's budget (rltrain's batches of 256 make it 50,176)
+
+
+def dqn_returns(ctx, seeds: list[int], frames: int) -> Row:
+    """DQN's final evaluation (10 deterministic episodes) after ``frames`` frames, rltrain's recipe beside SB3's."""
+    sb3 = ctx.peer("sb3")
+    returns = {OURS: [], "sb3": []}
+    for seed in seeds:
+        if sb3:
+            returns["sb3"].append(sb3_run(sb3.python or sys.executable, "sb3_dqn_cartpole.py", seed,
+                                          f"--total={frames}")["eval_return"])
+        returns[OURS].append(rltrain_run(seed, "+recipe=dqn_cartpole", f"trainer.total_frames={frames}")["eval_return"])
+    cells = {c: Stat(r, "return", higher_is_better=True) if r else None for c, r in returns.items()}
+    return Row(f"CartPole-v1, DQN: eval return after {frames:,} frames", cells,
+               target="" if ctx.quick else ">= SB3's", goals=() if ctx.quick else (Goal("sb3", at_least=1.0),))
+
+
 def run(ctx) -> list[Table]:
     columns, notes = [OURS, "sb3"] if ctx.peer("sb3") else [OURS], ctx.peer_notes("sb3")
     if ctx.quick:
@@ -156,6 +179,7 @@ def run(ctx) -> list[Table]:
                       "seconds, seed 0", columns, notes=notes)
         table.rows.append(solve(ctx, "CartPole-v1, PPO", [f"trainer.total_frames={QUICK_FRAMES}"],
                                 "sb3_cartpole.py", [0], "", sb3_args=(f"--total={QUICK_FRAMES}",)))
+        table.rows.append(dqn_returns(ctx, [0], QUICK_FRAMES))
         return [startup(ctx), table, contrib(ctx)]
     seeds = [0, 1, 2, 3, 4]
     table = Table(f"Time to solve, whole process: seconds, median [p10-p90] over seeds {seeds}", columns, notes=notes)
@@ -164,4 +188,10 @@ def run(ctx) -> list[Table]:
                             goals=(Goal("sb3", at_least=1 / 0.35),)))
     table.rows.append(solve(ctx, "Pendulum-v1, SAC 256x256", ["+recipe=sac_pendulum"], "sb3_pendulum_sac.py",
                             seeds, "<= 0.8x SB3, frames <= SB3's", goals=(Goal("sb3", at_least=1 / 0.8),)))
-    return [startup(ctx), table, contrib(ctx)]
+    table.rows.append(solve(ctx, "CartPole-v1, DQN 256x256", ["+recipe=dqn_cartpole", "trainer.stop_at_return=475"],
+                            "sb3_dqn_cartpole.py", seeds, "<= 0.5x SB3", goals=(Goal("sb3", at_least=2.0),),
+                            sb3_args=("--threshold=475",)))
+    returns = Table(f"At equal frames, whole process: final eval return (10 deterministic episodes), median "
+                    f"[p10-p90] over seeds {seeds}", columns, notes=notes)
+    returns.rows.append(dqn_returns(ctx, seeds, DQN_FRAMES))
+    return [startup(ctx), table, returns, contrib(ctx)]

@@ -149,9 +149,9 @@ def test_the_old_name_of_the_lock_step_collector_says_the_new_one(tmp_path):
 
 
 def test_cli_unknown_group_choice_lists_the_available_ones(tmp_path):
-    result = run_cli("algo=dqn", cwd=tmp_path)
+    result = run_cli("algo=a2c", cwd=tmp_path)
     assert result.returncode != 0
-    assert "Could not find 'algo/dqn'" in result.stderr
+    assert "Could not find 'algo/a2c'" in result.stderr
     assert "ppo" in result.stderr
     assert "Traceback" not in result.stderr
 
@@ -172,7 +172,8 @@ def test_full_error_env_var_shows_the_traceback(tmp_path):
 def test_help_lists_the_config_groups(tmp_path):
     result = run_cli("--help", cwd=tmp_path)
     assert result.returncode == 0
-    for line in ["algo: grpo, ppo, sac", "collector: async, distributed, generation, local, lockstep", "model: tiny",
+    for line in ["algo: dqn, grpo, ppo, sac", "collector: async, distributed, generation, local, lockstep",
+                 "model: tiny",
                  "sync: distributed, in_place, none, pipe, shared_mem",
                  "logger: console, csv, tensorboard, wandb"]:
         assert line in result.stdout

@@ -1,4 +1,5 @@
-"""Network pieces shared by the algorithms: the MLP builder, the PPO actor-critic, SAC's actor and twin critics."""
+"""Network pieces shared by the algorithms: the MLP builder, the PPO actor-critic, SAC's actor and twin critics,
+DQN's Q-network."""
 
 from __future__ import annotations
 
@@ -215,3 +216,74 @@ class TwinQ(nn.Module):
             if i < last:
                 x = self.activation(x)
         return x.squeeze(-1)
+
+
+# Ape-X's exploration ladder (Horgan et al. 2018): actor i of N explores with epsilon base ** (1 + alpha * i / (N - 1)).
+# rltrain spreads env k (its global index, as its seed counts it) over the ladder at frac(k * golden ratio) instead of
+# k / (N - 1): any N envs of one job then cover it evenly without knowing N, on any collector and any rank.
+GOLDEN = (math.sqrt(5) - 1) / 2
+
+
+class QNetwork(nn.Module):
+    """DQN's policy: an observation encoder (the Nature CNN for images), then an MLP giving every action's Q-value;
+    with ``dueling``, a state-value and an advantage stream, Q = V + A - mean(A) (Wang et al. 2016).
+
+    Acting is epsilon-greedy. The exploration rates are buffers, so they reach collectors with the weights:
+    ``epsilon`` (the learner's schedule) and, for Ape-X's per-env rates, ``ladder`` = (base, alpha): env k explores
+    with ``max(epsilon, base ** (1 + alpha * frac(k * 0.618...)))``; base 0 turns the ladder off. Where the
+    observation says which actions are valid (``action_mask``), greedy and random actions are both valid ones.
+    """
+
+    ACTS_PER_ENV = True  # act() takes each row's env index (``envs``): the Ape-X ladder's rung
+
+    def __init__(self, env_spec: EnvSpec, hidden_sizes: HiddenSizes = (64, 64), activation: Activation = "relu",
+                 normalize_obs: Flag = False, cnn: Mapping = NATURE_CNN, dueling: Flag = False):
+        super().__init__()
+        if env_spec.action.kind != "discrete":
+            raise ValueError("QNetwork needs a Discrete action space")
+        self.encoder = ObsEncoder(env_spec.observation, normalize=normalize_obs, cnn=cnn)
+        self.n = env_spec.action.nvec[0]
+        self.dueling = dueling
+        if dueling:
+            self.value = mlp(self.encoder.out_dim, list(hidden_sizes), 1, activation)
+        self.q = mlp(self.encoder.out_dim, list(hidden_sizes), self.n, activation)  # (dueling: the advantages)
+        self.masked = env_spec.masked
+        self.register_buffer("epsilon", torch.tensor(1.0))
+        self.register_buffer("ladder", torch.zeros(2))
+
+    def forward(self, obs) -> torch.Tensor:
+        """``[*batch, n]``: every action's Q-value; an invalid action's is the dtype's lowest."""
+        features = self.encoder.forward(obs)
+        q = run_layers(self.q, features)
+        if self.dueling:
+            q = run_layers(self.value, features) + q - q.mean(-1, keepdim=True)
+        return mask_logits(q, obs[MASK_KEY]) if self.masked else q
+
+    def exploration(self, envs: torch.Tensor) -> torch.Tensor:
+        """Each env's chance of a random action: the schedule's ``epsilon``, or its rung of the ladder if higher."""
+        base, alpha = self.ladder.tolist()
+        if base <= 0:
+            return self.epsilon.expand(envs.shape)
+        rung = torch.frac(envs.double() * GOLDEN).float()
+        return torch.maximum(self.epsilon, base ** (1 + alpha * rung))
+
+    def act(self, obs, deterministic: bool = False,
+            envs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """The greedy action, or (unless ``deterministic``) with each env's exploration rate a uniformly random valid
+        one; and its log-probability under that epsilon-greedy distribution. ``envs``: the rows' env indices
+        (default: the row numbers)."""
+        q = self.forward(obs)
+        greedy = q.argmax(-1)
+        if deterministic:
+            return greedy, torch.zeros_like(greedy, dtype=q.dtype)
+        valid = (obs[MASK_KEY] != 0) if self.masked else torch.ones_like(q, dtype=torch.bool)
+        # A uniform draw among the valid actions: Gumbel-max over equal logits, -inf where invalid.
+        noise = torch.empty_like(q).exponential_().log().neg().masked_fill(~valid, -math.inf)
+        random_action = noise.argmax(-1)
+        epsilon = self.exploration(torch.arange(greedy.numel(), device=q.device) if envs is None else envs)
+        epsilon = epsilon.reshape(greedy.shape)
+        explore = torch.rand(greedy.shape, device=q.device) < epsilon.to(q.device)
+        action = torch.where(explore, random_action, greedy)
+        n_valid = valid.sum(-1)
+        prob = epsilon / n_valid + (1 - epsilon) * (action == greedy)
+        return action, prob.log()

@@ -1,5 +1,5 @@
-"""An update that a stop request interrupted between two gradient steps, as a record (PPO's
-``PendingEpochs``, SAC's ``PendingSteps``) that a checkpoint holds as a dict of plain values."""
+"""An update that a stop request interrupted between two gradient steps, as a record (PPO's ``PendingEpochs``,
+the ``PendingSteps`` of SAC and DQN in ``replay_steps.py``) that a checkpoint holds as a dict of plain values."""
 
 from __future__ import annotations
 

@@ -110,13 +110,17 @@ class Sequences:
 
 class Memory:
     """What a policy remembers of ``n`` envs while it acts in them: ``act`` as the policy's own, carrying each env's
-    state from step to step for a network with memory (``state_size > 0``; any other policy acts as it is)."""
+    state from step to step for a network with memory (``state_size > 0``; any other policy acts as it is). A policy
+    that acts per env (``ACTS_PER_ENV``: DQN's per-env exploration) is told each row's env index, ``first_env`` on."""
 
-    def __init__(self, policy: nn.Module, n: int):
+    def __init__(self, policy: nn.Module, n: int, first_env: int = 0):
         self.policy = policy
         self.state = policy.initial_state(n) if state_size(policy) else None
+        self.envs = torch.arange(first_env, first_env + n) if getattr(policy, "ACTS_PER_ENV", False) else None
 
     def act(self, obs, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.envs is not None:
+            return self.policy.act(obs, deterministic=deterministic, envs=self.envs)
         if self.state is None:
             return self.policy.act(obs, deterministic=deterministic)
         action, log_prob, self.state = self.policy.act_in_state(obs, self.state, deterministic)

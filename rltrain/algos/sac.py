@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import torch
@@ -21,11 +20,11 @@ import torch
 from rltrain.algos import optimizers
 from rltrain.algos.finite import NonFinite, NonFiniteGuard
 from rltrain.algos.networks import NonEmptyHiddenSizes, SquashedGaussianActor, TwinQ
-from rltrain.algos.pending import Pending
+from rltrain.algos.replay_steps import GradientSteps, mean_metrics
 from rltrain.algos.update_step import Switch, UpdateStep, compile_enabled, cuda_graph_enabled, plain
 from rltrain.data import ReplayBuffer
+from rltrain.data.replay import check_capacity
 from rltrain.device import to_learner
-from rltrain.errors import ConfigError
 from rltrain.rules import Flag, NonNegativeInt, PositiveFraction, PositiveInt, PositiveNumber
 from rltrain.strategies import Single, Strategy
 
@@ -33,14 +32,6 @@ if TYPE_CHECKING:
     from tensordict import TensorDict
 
 _STORED_KEYS = ["observation", "action", "reward", "terminated", ("next", "observation")]
-
-
-@dataclass
-class PendingSteps(Pending):
-    """The update under way: the gradient steps a batch is owed, and the metrics of those taken so far."""
-
-    steps: int
-    metrics: list[torch.Tensor] = field(default_factory=list)  # one stacked row per step taken
 
 
 class SAC:
@@ -58,13 +49,7 @@ class SAC:
     @classmethod
     def check_config(cls, values: dict, config: dict) -> None:
         """The replay buffer holds a gradient step's frames and a collector batch (the config check asks this)."""
-        buffer_size = values["buffer_size"]
-        for key, need, what in [("algo.batch_size", values["batch_size"], "the frames of one gradient step"),
-                                ("collector.frames_per_batch", config["collector"].get("frames_per_batch"),
-                                 "one collector batch")]:
-            if need is not None and buffer_size < need:
-                raise ConfigError(f"algo.buffer_size ({buffer_size}) is smaller than {key} ({need}): the replay "
-                                  f"buffer cannot hold {what}; use algo.buffer_size={need} or more")
+        check_capacity(values, config)
 
     def __init__(
         self,
@@ -93,8 +78,7 @@ class SAC:
         # gradients are averaged over the ranks.
         self.strategy = strategy
         batch_size, buffer_size = batch_size // strategy.size, buffer_size // strategy.size
-        self.gamma, self.tau, self.batch_size, self.utd = gamma, tau, batch_size, utd
-        self.warmup_frames, self.autotune = warmup_frames, autotune
+        self.gamma, self.tau, self.batch_size, self.autotune = gamma, tau, batch_size, autotune
         obs_dim = policy.encoder.out_dim
         act_dim = policy.action_scale.numel()
         self.q = TwinQ(obs_dim, act_dim, list(critic_hidden_sizes)).to(self.device)
@@ -115,9 +99,7 @@ class SAC:
         self._critic_params, self._actor_params = list(self.q.parameters()), list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
         self._run = UpdateStep(self._gradient_step, "SAC's gradient step", compiled, graphed, batch_size)
-        self.frames = 0
-        self._owed_steps = 0.0  # fractional gradient steps carried between batches
-        self._pending: PendingSteps | None = None  # the update under way, until it ends
+        self.steps = GradientSteps(utd, warmup_frames, self.device)
 
     def state_dict(self, replay_buffer: bool = True) -> dict:
         """Networks, targets, optimizers, temperature, counters and (optionally) the replay buffer."""
@@ -128,11 +110,9 @@ class SAC:
             "log_alpha": self.log_alpha.detach().clone(),
             "actor_optimizer": self.actor_optimizer.state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
-            "frames": self.frames,
-            "owed_steps": self._owed_steps,
             "nonfinite": self.guard.state_dict(),
             # The steps still owed sample the replay buffer: without it, a resumed run cannot run them.
-            "pending": self._pending.state_dict() if self._pending is not None and replay_buffer else None,
+            **self.steps.state_dict(pending=replay_buffer),
         }
         if self.alpha_optimizer is not None:
             state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
@@ -151,10 +131,8 @@ class SAC:
         optimizers.load_adam(self.critic_optimizer, state["critic_optimizer"])
         if self.alpha_optimizer is not None and "alpha_optimizer" in state:
             optimizers.load_adam(self.alpha_optimizer, state["alpha_optimizer"])
-        self.frames, self._owed_steps = state["frames"], state["owed_steps"]
+        self.steps.load_state_dict(state)  # (without its replay buffer, no interrupted update: see state_dict)
         self.guard.load_state_dict(state["nonfinite"])
-        # Without its replay buffer a checkpoint holds no interrupted update (see state_dict).
-        self._pending = PendingSteps.from_state_dict(state["pending"], self.device)
         if "replay_buffer" in state:
             self.buffer.load_state_dict(state["replay_buffer"])
 
@@ -165,36 +143,26 @@ class SAC:
         (after a resume from ``state_dict``) then runs the steps still owed.
         """
         if batch is not None:
-            self._pending = PendingSteps(self._store(batch))
-        p = self._pending or PendingSteps(0)  # resumed mid-update, but without the buffer
-        for _ in range(len(p.metrics), p.steps):
-            if should_stop():
-                return None
-            p.metrics.append(self._step())
-        self._pending = None
+            self._store(batch)
+        taken = self.steps.take(self._step, should_stop)
+        if taken is None:
+            return None
         metrics = {"sac/buffer_frames": len(self.buffer)}
-        if p.metrics:
-            mean = torch.stack(p.metrics).mean(0).tolist()
+        if mean := mean_metrics(taken):
             metrics |= {"loss/critic": mean[0], "loss/actor": mean[1], "loss/alpha": mean[2], "sac/alpha": mean[3],
                         "sac/q": mean[4], "sac/entropy": mean[5]}
         if skipped := self.guard.report():
             metrics["nonfinite/skipped_steps"] = skipped
         return metrics
 
-    def _store(self, batch: TensorDict) -> int:
-        """Add ``batch`` to the replay buffer; the number of gradient steps it is owed (none in warm-up)."""
-        frames = batch.numel() * self.strategy.size  # the whole job's (each rank collects an equal share)
-        self.frames += frames
+    def _store(self, batch: TensorDict) -> None:
+        """Add ``batch`` to the replay buffer and count the gradient steps it is owed (none in warm-up)."""
+        self.steps.collected(batch.numel() * self.strategy.size)  # the whole job's (each rank collects its share)
         batch = to_learner(batch, _STORED_KEYS, self.device)
         self.buffer.extend(batch)
         self.policy.encoder.update(batch["observation"], self.strategy.moments)
-        if self.frames < self.warmup_frames:
-            return 0
-        if self.policy.uniform:
+        if self.policy.uniform and not self.steps.warming_up:
             self.policy.uniform.fill_(False)  # collectors stop acting uniformly with the next push
-        self._owed_steps += self.utd * frames
-        steps, self._owed_steps = int(self._owed_steps), self._owed_steps - int(self._owed_steps)
-        return steps
 
     def _step(self) -> torch.Tensor:
         """One gradient step on a fresh minibatch; its metrics."""

@@ -66,7 +66,7 @@ class Rollout:
     def __init__(self, env: BatchedEnv, policy: nn.Module, receiver: WeightReceiver, poll_each_step: bool = False):
         self.env, self.receiver = env, receiver
         self.poll_each_step = poll_each_step
-        self.memory = Memory(policy, env.num_envs)
+        self.memory = Memory(policy, env.num_envs, first_env=env.seed)  # (env k of a job is seeded seed + k)
         self._obs = map_obs(np.copy, env.reset())
         self._ep_return = np.zeros(env.num_envs, dtype=np.float32)
         self._ep_length = np.zeros(env.num_envs, dtype=np.int64)

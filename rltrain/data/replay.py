@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from rltrain.errors import ConfigError
+
 if TYPE_CHECKING:  # only methods of the TensorDicts handed in are used (workers never import this)
     from tensordict import TensorDict
 
@@ -77,3 +79,15 @@ class ReplayBuffer:
             raise RuntimeError("sample() from an empty replay buffer")
         idx = torch.randint(self.size, (batch_size,), device=self.device, generator=generator)
         return self.storage[idx]
+
+
+def check_capacity(values: dict, config: dict) -> None:
+    """An algo's ``buffer_size`` (``values``, its keys) holds a gradient step's frames and a collector batch, or
+    ConfigError (the config check of the algos that replay: SAC, DQN)."""
+    buffer_size = values["buffer_size"]
+    for key, need, what in [("algo.batch_size", values["batch_size"], "the frames of one gradient step"),
+                            ("collector.frames_per_batch", config["collector"].get("frames_per_batch"),
+                             "one collector batch")]:
+        if need is not None and buffer_size < need:
+            raise ConfigError(f"algo.buffer_size ({buffer_size}) is smaller than {key} ({need}): the replay "
+                              f"buffer cannot hold {what}; use algo.buffer_size={need} or more")
