@@ -1,9 +1,11 @@
-"""Policies whose actions reveal which weights they acted with."""
+"""Policies whose actions reveal which weights they acted with, and one that ONNX cannot express."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from rltrain.algos import ActorCritic
 
 
 class MarkerPolicy(nn.Module):
@@ -36,3 +38,18 @@ class UpdateOnlyAlgo:
 
     def update(self, batch, should_stop):
         return {}
+
+
+class RunningMax(nn.Module):
+    """A running maximum over the features: an operator ONNX (opset 17) has no counterpart for."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cummax(x, -1).values
+
+
+class RunningMaxActorCritic(ActorCritic):
+    """PPO's network with a ``RunningMax`` before the actor's layers: TorchScript can hold it, ONNX cannot."""
+
+    def __init__(self, env_spec, **kwargs):
+        super().__init__(env_spec, **kwargs)
+        self.actor.insert(0, RunningMax())

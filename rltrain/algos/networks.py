@@ -154,7 +154,7 @@ class SquashedGaussianActor(nn.Module):
         self.register_buffer("action_bias", ((high + low) / 2).flatten())
         self.register_buffer("uniform", torch.tensor(True))
 
-    def _mean_log_std(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def mean_log_std(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         mean, log_std = self.head.forward(run_layers(self.trunk, self.encoder.forward(obs))).chunk(2, -1)
         log_std = self.LOG_STD_MIN + 0.5 * (self.LOG_STD_MAX - self.LOG_STD_MIN) * (torch.tanh(log_std) + 1)
         return mean, log_std
@@ -163,7 +163,7 @@ class SquashedGaussianActor(nn.Module):
                noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterized action (env scale) and its log-probability, tanh change of variables included.
         ``noise``: the standard normal draw to use (default: a fresh one)."""
-        mean, log_std = self._mean_log_std(obs)
+        mean, log_std = self.mean_log_std(obs)
         if noise is None and not deterministic:
             noise = torch.randn_like(mean)
         u = mean if deterministic else mean + log_std.exp() * noise
