@@ -169,6 +169,17 @@ def test_a_dueling_head_is_value_plus_centred_advantages():
     torch.testing.assert_close(net(obs), value + advantage - advantage.mean(-1, keepdim=True))
 
 
+def test_the_atari_recipe_takes_gradient_steps_on_atari_frames_with_the_nature_cnn(tmp_path):
+    summary = build(make_config("+recipe=dqn_atari", "env.num_envs=2", "collector.frames_per_batch=32",
+                                "algo.warmup_frames=64", "algo.buffer_size=1000", "trainer.total_frames=128",
+                                "hooks.eval.episodes=1", "hooks.eval.at_end=false", "~hooks.log.every",
+                                "+hooks.log.every={batches: 1}"), run_dir=tmp_path).fit()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert summary["frames"] == 128 and any("loss/q" in row for row in rows)
+    saved = checkpoint.load(checkpoint.listing(tmp_path)[-1])
+    assert "replay_buffer" not in saved["algo"]  # 56 KB a transition: the recipe's checkpoints leave it out
+
+
 # Learning checks: seeded, each against what a random policy scores.
 
 @learning_check
