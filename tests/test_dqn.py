@@ -123,8 +123,9 @@ def test_per_env_exploration_gives_every_env_of_every_worker_its_own_rate(tmp_pa
     assert len(set(expected.tolist())) == 8 and expected.max() > 0.3 and expected.min() < 0.005  # spread out
 
 
-def test_a_run_stopped_mid_update_resumes_exactly_with_workers_buffer_target_and_schedule(tmp_path):
-    run = (*QUICK, "collector=lockstep", "collector.workers=2", "collector.envs_per_worker=2",
+def test_a_run_stopped_mid_update_resumes_exactly_with_workers_buffer_target_and_exploration(tmp_path):
+    # per_env: each env's rate comes back with it (a resumed run's envs are seeded later, but act as they did)
+    run = (*QUICK, "algo.exploration=per_env", "collector=lockstep", "collector.workers=2", "collector.envs_per_worker=2",
            "collector.frames_per_batch=128", "algo.utd=10", "algo.n_step=3", "algo.target_update_interval=50",
            "algo.exploration_fraction=0.5", "trainer.total_frames=768", "seed=3", "~hooks.log.every",
            "+hooks.log.every={frames:128}")

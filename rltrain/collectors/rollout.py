@@ -123,6 +123,8 @@ class Rollout:
                             "them on fresh episodes", self.env.id)
             return None
         memory = {} if self.memory.state is None else {"recurrent_state": self.memory.state.clone()}
+        if self.memory.envs is not None:  # the envs' indices as the run began: a resumed run's seeds start later
+            memory["env_indices"] = self.memory.envs.clone()
         return {"envs": envs, "obs": map_obs(lambda o: torch.from_numpy(o.copy()), self._obs), **memory,
                 "episode_return": torch.from_numpy(self._ep_return.copy()),
                 "episode_length": torch.from_numpy(self._ep_length.copy())}
@@ -134,6 +136,8 @@ class Rollout:
         self._ep_length = state["episode_length"].numpy().copy()
         if self.memory.state is not None:
             self.memory.state = _memory_of(state, self.memory.state.shape, self.env.id)
+        if self.memory.envs is not None and "env_indices" in state:  # (DQN's per-env exploration rates)
+            self.memory.envs = state["env_indices"].clone()
 
 
 def _memory_of(state: dict, shape: torch.Size, env_id: str) -> torch.Tensor:
