@@ -88,10 +88,13 @@ def test_a_gpu_learners_push_reaches_a_cpu_collector_exactly():
     sender.close()
 
 
-@pytest.mark.parametrize("algo", ["ppo", "sac"])
+@pytest.mark.parametrize("algo", ["ppo", "sac", "dqn"])
 def test_a_gpu_checkpoint_resumes_on_the_cpu_and_back(algo, tmp_path):
     args = ["trainer.stop_at_return=null", "hydra.run.dir=run"]
-    args += ["algo=sac", "env=pendulum", "algo.warmup_frames=256"] if algo == "sac" else []
+    args += {"ppo": [], "sac": ["algo=sac", "env=pendulum", "algo.warmup_frames=256"],
+             # DQN's compiled, graphed step; the eval acts epsilon-greedily on the GPU at each env's own rate
+             "dqn": ["algo=dqn", "algo.warmup_frames=256", "algo.exploration=per_env",
+                     "hooks.eval.deterministic=false"]}[algo]
     for device, frames in (("cuda", 1024), ("cpu", 2048), ("cuda", 3072)):
         result = run_cli(*args, f"device={device}", f"trainer.total_frames={frames}", "hooks.timing.cuda_sync=true",
                          *(["resume=run"] if frames > 1024 else []), cwd=tmp_path, timeout=900)

@@ -121,14 +121,17 @@ def test_per_env_exploration_gives_every_env_of_every_worker_its_own_rate(tmp_pa
     expected = 0.4 ** (1 + 7 * torch.frac(envs.double() * GOLDEN))
     torch.testing.assert_close(seen, expected, rtol=1e-3, atol=0)
     assert len(set(expected.tolist())) == 8 and expected.max() > 0.3 and expected.min() < 0.005  # spread out
+    # ...and each env acts at that rate: the share of its 256 actions that are not the greedy one is epsilon / 2
+    not_greedy = (batch["log_prob"] < batch["log_prob"].max(0).values).double().mean(0)
+    assert (not_greedy - expected / 2).abs().max() < 0.08 and not_greedy[expected.argmax()] > 0.1
 
 
 def test_a_run_stopped_mid_update_resumes_exactly_with_workers_buffer_target_and_exploration(tmp_path):
     # per_env: each env's rate comes back with it (a resumed run's envs are seeded later, but act as they did)
-    run = (*QUICK, "algo.exploration=per_env", "collector=lockstep", "collector.workers=2", "collector.envs_per_worker=2",
-           "collector.frames_per_batch=128", "algo.utd=10", "algo.n_step=3", "algo.target_update_interval=50",
-           "algo.exploration_fraction=0.5", "trainer.total_frames=768", "seed=3", "~hooks.log.every",
-           "+hooks.log.every={frames:128}")
+    run = (*QUICK, "algo.exploration=per_env", "collector=lockstep", "collector.workers=2",
+           "collector.envs_per_worker=2", "collector.frames_per_batch=128", "algo.utd=10", "algo.n_step=3",
+           "algo.target_update_interval=50", "algo.exploration_fraction=0.5", "trainer.total_frames=768", "seed=3",
+           "~hooks.log.every", "+hooks.log.every={frames:128}")
     reference = build(make_config(*run), run_dir=tmp_path / "full").fit()
     stop_mid_update = ("+hooks.kill._target_=tests.hooks_for_tests.SignalDuringUpdate", "+hooks.kill.at_batch=4")
     stopped = build(make_config(*run, *stop_mid_update), run_dir=tmp_path / "split").fit()
@@ -159,6 +162,27 @@ def test_dqn_is_refused_for_box_actions_without_pushes_and_with_a_rising_schedul
     with pytest.raises(ConfigError, match=r"algo.epsilon_end \(0.5\) is above algo.epsilon_start \(0.2\)"):
         build(make_config("algo=dqn", "algo.epsilon_start=0.2", "algo.epsilon_end=0.5"), run_dir=tmp_path / "c")
     assert not any((tmp_path / d).exists() for d in "abc")
+
+
+def test_a_run_resumed_without_its_buffer_refills_it_before_the_next_gradient_step():
+    spec = GymnasiumBatchedEnv("CartPole-v1", num_envs=1).spec
+    dqn = DQN(QNetwork(spec, hidden_sizes=[16]), total_frames=10_000, warmup_frames=256)
+
+    def batch(n: int) -> TensorDict:
+        zeros = torch.zeros(n, 1, dtype=torch.bool)
+        return TensorDict({"observation": torch.randn(n, 1, 4), "action": torch.randint(2, (n, 1)),
+                           "reward": torch.ones(n, 1), "terminated": zeros, "truncated": zeros,
+                           "next": {"observation": torch.randn(n, 1, 4)}}, batch_size=[n, 1])
+
+    dqn.update(batch(512))
+    assert dqn.updates == 128  # past the warm-up: 0.25 a frame
+    resumed = DQN(QNetwork(spec, hidden_sizes=[16]), total_frames=10_000, warmup_frames=256)
+    resumed.load_state_dict(dqn.state_dict(replay_buffer=False))
+    resumed.update(batch(128))
+    assert resumed.updates == 128 and len(resumed.buffer) == 128  # nothing learned from 128 transitions...
+    resumed.update(batch(128))
+    assert resumed.updates == 128 + 32  # ...until the buffer holds the warm-up's 256 again
+    assert float(resumed.policy.epsilon) == pytest.approx(1 - 0.95 * 768 / 1000)  # the schedule went on from 512
 
 
 def test_a_dueling_head_is_value_plus_centred_advantages():

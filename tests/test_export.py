@@ -128,7 +128,13 @@ def test_distribution_parameters_are_what_the_policy_samples_from(trained, tmp_p
     q_session = onnxruntime.InferenceSession(str(export(trained("dqn_dict_masked"), "onnx", tmp_path / "q.onnx",
                                                         distribution=True)))
     assert [o.name for o in q_session.get_outputs()] == ["q_values"]
-    assert [i.name for i in q_session.get_inputs()] == list(load_policy(trained("dqn_dict_masked"))[1].observation)
+    q_policy, q_spec, _ = load_policy(trained("dqn_dict_masked"))
+    assert [i.name for i in q_session.get_inputs()] == list(q_spec.observation) == ["action_mask", "step"]
+    choice = {"action_mask": np.tile(np.array([1, 0, 1, 1], q_spec.observation["action_mask"].dtype), (6, 1)),
+              "step": np.linspace(0, 1, 6, dtype=np.float32)[:, None]}
+    (q_values,) = q_session.run(None, choice)
+    expected_q = q_policy({k: torch.from_numpy(v) for k, v in choice.items()}).detach().numpy()
+    np.testing.assert_allclose(q_values, expected_q, atol=1e-5)  # an invalid action's: the lowest float
 
 
 def test_a_run_dir_without_a_checkpoint_is_refused_in_one_line(tmp_path):

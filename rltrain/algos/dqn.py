@@ -112,7 +112,7 @@ class DQN:
         self._params = list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
         self._run = UpdateStep(self._gradient_step, "DQN's gradient step", compiled, graphed, batch_size)
-        self.steps = GradientSteps(utd, warmup_frames, self.device)
+        self.steps = GradientSteps(utd, warmup_frames, self.device, capacity=buffer_size * strategy.size)
         self.updates = 0  # gradient steps taken (the target's clock)
         self._mean_n = 0.0  # the steps summed per transition of the last batch stored
         self._set_epsilon()
@@ -166,13 +166,14 @@ class DQN:
     def _store(self, batch: TensorDict) -> None:
         """Add ``batch``'s transitions to the replay buffer and count the gradient steps it is owed (none in
         warm-up). The exploration rate the next push carries follows the frames collected."""
-        self.steps.collected(batch.numel() * self.strategy.size)  # the whole job's (each rank collects its share)
         batch = to_learner(batch, _BATCH_KEYS, self.device)
         if self.sign_reward:
             batch["reward"] = batch["reward"].sign()
         transitions = n_step_transitions(batch, self.n_step, self.gamma)
         self._mean_n = float(transitions["steps"].float().mean())
         self.buffer.extend(transitions.exclude("steps"))
+        size = self.strategy.size  # frames: the whole job's (each rank collects an equal share)
+        self.steps.collected(batch.numel() * size, len(self.buffer) * size)
         self.policy.encoder.update(batch["observation"], self.strategy.moments)
         self._set_epsilon()
 

@@ -219,8 +219,8 @@ class TwinQ(nn.Module):
 
 
 # Ape-X's exploration ladder (Horgan et al. 2018): actor i of N explores with epsilon base ** (1 + alpha * i / (N - 1)).
-# rltrain spreads env k (its global index, as its seed counts it) over the ladder at frac(k * golden ratio) instead of
-# k / (N - 1): any N envs of one job then cover it evenly without knowing N, on any collector and any rank.
+# rltrain puts the env seeded s (seed + k for env k of the job) at rung frac(s * golden ratio) instead of k / (N - 1):
+# the N consecutive seeds of one job then cover the ladder evenly without knowing N, on any collector and any rank.
 GOLDEN = (math.sqrt(5) - 1) / 2
 
 
@@ -280,9 +280,9 @@ class QNetwork(nn.Module):
         # A uniform draw among the valid actions: Gumbel-max over equal logits, -inf where invalid.
         noise = torch.empty_like(q).exponential_().log().neg().masked_fill(~valid, -math.inf)
         random_action = noise.argmax(-1)
-        epsilon = self.exploration(torch.arange(greedy.numel(), device=q.device) if envs is None else envs)
-        epsilon = epsilon.reshape(greedy.shape)
-        explore = torch.rand(greedy.shape, device=q.device) < epsilon.to(q.device)
+        rows = torch.arange(greedy.numel()) if envs is None else envs
+        epsilon = self.exploration(rows.to(q.device)).reshape(greedy.shape)  # (an eval on a GPU learner: there)
+        explore = torch.rand(greedy.shape, device=q.device) < epsilon
         action = torch.where(explore, random_action, greedy)
         n_valid = valid.sum(-1)
         prob = epsilon / n_valid + (1 - epsilon) * (action == greedy)

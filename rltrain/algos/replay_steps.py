@@ -23,8 +23,9 @@ class PendingSteps(Pending):
 class GradientSteps:
     """The frames collected (the whole job's) and the gradient steps they are owed."""
 
-    def __init__(self, utd: float, warmup_frames: int, device: torch.device):
+    def __init__(self, utd: float, warmup_frames: int, device: torch.device, capacity: int):
         self.utd, self.warmup_frames, self.device = utd, warmup_frames, device
+        self.refill = min(warmup_frames, capacity)  # what a replay buffer holds before learning (re)starts
         self.frames = 0
         self.owed = 0.0  # fractional gradient steps carried between batches
         self.pending: PendingSteps | None = None  # the update under way, until it ends
@@ -33,11 +34,13 @@ class GradientSteps:
     def warming_up(self) -> bool:
         return self.frames < self.warmup_frames
 
-    def collected(self, frames: int) -> None:
-        """Count a batch of ``frames``; the update it starts is owed none in the warm-up, else ``utd`` per frame."""
+    def collected(self, frames: int, buffered: int) -> None:
+        """Count a batch of ``frames``; the update it starts is owed none in the warm-up, nor while the replay buffer
+        holds fewer than ``warmup_frames`` (or its ``capacity``: ``buffered`` and it are the whole job's; a run
+        resumed without its buffer refills it first), else ``utd`` per frame."""
         self.frames += frames
         steps = 0
-        if not self.warming_up:
+        if not self.warming_up and buffered >= self.refill:
             self.owed += self.utd * frames
             steps, self.owed = int(self.owed), self.owed - int(self.owed)
         self.pending = PendingSteps(steps)

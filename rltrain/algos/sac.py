@@ -99,7 +99,7 @@ class SAC:
         self._critic_params, self._actor_params = list(self.q.parameters()), list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
         self._run = UpdateStep(self._gradient_step, "SAC's gradient step", compiled, graphed, batch_size)
-        self.steps = GradientSteps(utd, warmup_frames, self.device)
+        self.steps = GradientSteps(utd, warmup_frames, self.device, capacity=buffer_size * strategy.size)
 
     def state_dict(self, replay_buffer: bool = True) -> dict:
         """Networks, targets, optimizers, temperature, counters and (optionally) the replay buffer."""
@@ -157,9 +157,10 @@ class SAC:
 
     def _store(self, batch: TensorDict) -> None:
         """Add ``batch`` to the replay buffer and count the gradient steps it is owed (none in warm-up)."""
-        self.steps.collected(batch.numel() * self.strategy.size)  # the whole job's (each rank collects its share)
         batch = to_learner(batch, _STORED_KEYS, self.device)
         self.buffer.extend(batch)
+        size = self.strategy.size  # frames: the whole job's (each rank collects an equal share)
+        self.steps.collected(batch.numel() * size, len(self.buffer) * size)
         self.policy.encoder.update(batch["observation"], self.strategy.moments)
         if self.policy.uniform and not self.steps.warming_up:
             self.policy.uniform.fill_(False)  # collectors stop acting uniformly with the next push
