@@ -205,4 +205,4 @@ def test_help_shows_each_keys_comment(tmp_path):
     assert comment("num_envs") == "envs stepped together per collector"  # from env/pendulum.yaml
     assert comment("total_frames") == "env frames to collect (all envs together)"  # from config.yaml
     assert comment("resume").endswith("none: start fresh)")  # a comment continued on the next line
-    assert "algo: grpo, ppo, sac" in result.stdout  # the groups are still listed
+    assert "algo: dqn, grpo, ppo, sac" in result.stdout  # the groups are still listed
