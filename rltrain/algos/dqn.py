@@ -255,9 +255,8 @@ def n_step_transitions(batch: TensorDict, n: int, gamma: float) -> TensorDict:
     columns = torch.arange(reward.shape[1], device=reward.device).expand(reward.shape)
     steps = last - t + 1
     next_obs = batch["next", "observation"] if n == 1 else batch["next", "observation"][last, columns]
-    from tensordict import TensorDict
-
-    return TensorDict({"observation": batch["observation"], "action": batch["action"], "reward": total,
+    # a TensorDict, made as the batch's own type: worker processes import this module and never load tensordict
+    return type(batch)({"observation": batch["observation"], "action": batch["action"], "reward": total,
                        "discount": torch.where(ended_terminal, 0.0, scale), "next": {"observation": next_obs},
                        "steps": steps}, batch_size=reward.shape)
 
