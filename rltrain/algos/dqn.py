@@ -112,7 +112,7 @@ class DQN:
         self._params = list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
         self._run = UpdateStep(self._gradient_step, "DQN's gradient step", compiled, graphed, batch_size)
-        self.steps = GradientSteps(utd, warmup_frames, self.device, capacity=buffer_size * strategy.size)
+        self.steps = GradientSteps(self.buffer, utd, warmup_frames, strategy.size)
         self.updates = 0  # gradient steps taken (the target's clock)
         self._mean_n = 0.0  # the steps summed per transition of the last batch stored
         self._set_epsilon()
@@ -127,10 +127,8 @@ class DQN:
             "updates": self.updates,
             "mean_n": self._mean_n,
             "nonfinite": self.guard.state_dict(),
-            **self.steps.state_dict(pending=replay_buffer),  # (the steps still owed sample the replay buffer)
+            **self.steps.state_dict(replay_buffer),  # counters, and the buffer with the steps still owed
         }
-        if replay_buffer:
-            state["replay_buffer"] = self.buffer.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -141,8 +139,6 @@ class DQN:
         self.steps.load_state_dict(state)
         self.updates, self._mean_n = state["updates"], state["mean_n"]
         self.guard.load_state_dict(state["nonfinite"])
-        if "replay_buffer" in state:
-            self.buffer.load_state_dict(state["replay_buffer"])
 
     def update(self, batch: TensorDict | None, should_stop: Callable[[], bool] = lambda: False) -> dict | None:
         """Store ``batch``'s n-step transitions, then run the gradient steps it is owed; returns the mean metrics.
@@ -172,8 +168,7 @@ class DQN:
         transitions = n_step_transitions(batch, self.n_step, self.gamma)
         self._mean_n = float(transitions["steps"].float().mean())
         self.buffer.extend(transitions.exclude("steps"))
-        size = self.strategy.size  # frames: the whole job's (each rank collects an equal share)
-        self.steps.collected(batch.numel() * size, len(self.buffer) * size)
+        self.steps.collected(batch.numel())
         self.policy.encoder.update(batch["observation"], self.strategy.moments)
         self._set_epsilon()
 

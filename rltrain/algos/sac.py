@@ -99,7 +99,7 @@ class SAC:
         self._critic_params, self._actor_params = list(self.q.parameters()), list(policy.parameters())
         self.buffer = ReplayBuffer(buffer_size, self.device)
         self._run = UpdateStep(self._gradient_step, "SAC's gradient step", compiled, graphed, batch_size)
-        self.steps = GradientSteps(utd, warmup_frames, self.device, capacity=buffer_size * strategy.size)
+        self.steps = GradientSteps(self.buffer, utd, warmup_frames, strategy.size)
 
     def state_dict(self, replay_buffer: bool = True) -> dict:
         """Networks, targets, optimizers, temperature, counters and (optionally) the replay buffer."""
@@ -111,13 +111,10 @@ class SAC:
             "actor_optimizer": self.actor_optimizer.state_dict(),
             "critic_optimizer": self.critic_optimizer.state_dict(),
             "nonfinite": self.guard.state_dict(),
-            # The steps still owed sample the replay buffer: without it, a resumed run cannot run them.
-            **self.steps.state_dict(pending=replay_buffer),
+            **self.steps.state_dict(replay_buffer),  # counters, and the buffer with the steps still owed
         }
         if self.alpha_optimizer is not None:
             state["alpha_optimizer"] = self.alpha_optimizer.state_dict()
-        if replay_buffer:
-            state["replay_buffer"] = self.buffer.state_dict()
         return state
 
     def load_state_dict(self, state: dict) -> None:
@@ -131,10 +128,8 @@ class SAC:
         optimizers.load_adam(self.critic_optimizer, state["critic_optimizer"])
         if self.alpha_optimizer is not None and "alpha_optimizer" in state:
             optimizers.load_adam(self.alpha_optimizer, state["alpha_optimizer"])
-        self.steps.load_state_dict(state)  # (without its replay buffer, no interrupted update: see state_dict)
+        self.steps.load_state_dict(state)
         self.guard.load_state_dict(state["nonfinite"])
-        if "replay_buffer" in state:
-            self.buffer.load_state_dict(state["replay_buffer"])
 
     def update(self, batch: TensorDict | None, should_stop: Callable[[], bool] = lambda: False) -> dict | None:
         """Store ``batch``, then run the gradient steps it is owed; returns the steps' mean metrics.
@@ -159,8 +154,7 @@ class SAC:
         """Add ``batch`` to the replay buffer and count the gradient steps it is owed (none in warm-up)."""
         batch = to_learner(batch, _STORED_KEYS, self.device)
         self.buffer.extend(batch)
-        size = self.strategy.size  # frames: the whole job's (each rank collects an equal share)
-        self.steps.collected(batch.numel() * size, len(self.buffer) * size)
+        self.steps.collected(batch.numel())
         self.policy.encoder.update(batch["observation"], self.strategy.moments)
         if self.policy.uniform and not self.steps.warming_up:
             self.policy.uniform.fill_(False)  # collectors stop acting uniformly with the next push
