@@ -31,7 +31,7 @@ from omegaconf import OmegaConf
 from torch import nn
 
 from rltrain import checkpoint
-from rltrain.algos.heads import GaussianHead
+from rltrain.algos.heads import GaussianHead, mask_logits
 from rltrain.algos.networks import ActorCritic, QNetwork, SquashedGaussianActor, run_layers
 from rltrain.algos.recurrent import state_size
 from rltrain.envs.spaces import MASK_KEY, EnvSpec, Leaf
@@ -61,27 +61,24 @@ class PolicyGraph(nn.Module):
     def forward(self, *inputs: torch.Tensor):
         obs = inputs[0] if self.keys is None else dict(zip(self.keys, inputs))
         policy = self.policy
+        if not self.distribution:  # the policy's own deterministic act
+            if self.recurrent:
+                action, _, state = policy.act_in_state(obs, inputs[-1], deterministic=True)
+                return action, state
+            return policy.act(obs, deterministic=True)[0]
         if isinstance(policy, QNetwork):
-            q = policy(obs)
-            return q if self.distribution else q.argmax(-1)
+            return policy(obs)
         if isinstance(policy, SquashedGaussianActor):
-            if self.distribution:
-                return policy.mean_log_std(obs)
-            return policy.sample(obs, deterministic=True)[0]
+            return policy.mean_log_std(obs)
         features = policy.encoder(obs)
         state = None
         if self.recurrent:
             features, state = policy.core.step(features, inputs[-1])
         logits = run_layers(policy.actor, features)
         if policy.masked:
-            logits = logits.masked_fill(obs[MASK_KEY] == 0, torch.finfo(logits.dtype).min)
-        if self.distribution:
-            out = (logits, policy.head.log_std.expand_as(logits)) if isinstance(policy.head, GaussianHead) else logits
-        else:
-            out = policy.head.sample(logits, deterministic=True)[0]
-        if state is None:
-            return out
-        return (*out, state) if isinstance(out, tuple) else (out, state)
+            logits = mask_logits(logits, obs[MASK_KEY])
+        out = (logits, policy.head.log_std.expand_as(logits)) if isinstance(policy.head, GaussianHead) else (logits,)
+        return (*out, state) if self.recurrent else (out if len(out) > 1 else out[0])
 
     def names(self) -> tuple[list[str], list[str]]:
         """The file's input and output names."""
