@@ -245,7 +245,7 @@ def _build_parts(cfg: DictConfig, resolved: dict, run_dir: Path, lock: RunDirLoc
                                      strategy=strategy), **trainer_args)
         restore.trainer(trainer)
         cleanup.pop_all()
-    ranks = f" | learner rank {strategy.rank} of {strategy.size}" if strategy.PARALLEL else ""
+    ranks = f" | learner rank {strategy.rank} of {strategy.size}, pid {os.getpid()}" if strategy.PARALLEL else ""
     resumed = f" | resumed at {restore.frames:,} frames" if restore.saved else ""
     log.info("run dir %s | %s on %s | %s collector | device %s%s%s", run_dir, type(algo).__name__, env_spec.id,
              type(collector).__name__, device, ranks, resumed)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -30,10 +30,13 @@ class PhaseTimer:
         self.totals: dict[str, float] = defaultdict(float)
         self._window: dict[str, float] = defaultdict(float)
         self.failed_in: str | None = None  # the phase an error came out of, if one did
+        self.entered: Callable[[str], None] | None = None  # told each phase's name as it begins
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         self._sync()
+        if self.entered is not None:
+            self.entered(name)
         t0 = time.perf_counter()
         try:
             yield

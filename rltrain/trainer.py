@@ -68,6 +68,8 @@ class Trainer:
         self._in_update = False  # between a batch being counted and the end of its update
         self.strategy = strategy
         self._parallel = strategy.PARALLEL
+        if self._parallel:  # each phase as it begins: a rank that stops answering is named by what it last began
+            self.state.timer.entered = self._note
         self._signal_seen: int | None = None  # data-parallel: a signal this rank got, until the ranks agree on it
 
     def fit(self) -> dict[str, Any]:
@@ -177,9 +179,15 @@ class Trainer:
                 raise
             log.warning("stopping as asked; what failed after the stop request is left out: %s", e)
 
+    def _note(self, phase: str | None) -> None:
+        self.strategy.note(f"{self._words(phase)} in step {self.state.progress.updates + 1}")
+
     def _doing(self) -> str:
         """What this rank was doing when a step failed, as a data-parallel learner's error names it."""
-        phase = self.state.timer.failed_in
+        return self._words(self.state.timer.failed_in)
+
+    @staticmethod
+    def _words(phase: str | None) -> str:
         told = {"collect": "collecting its share of a batch", "update": "the update (its gradient averages)",
                 "sync": "a weight push", None: "an agreement of the ranks on the step"}
         return told[phase] if phase in told else f"hook {phase.removeprefix('hooks/')}"
@@ -244,6 +252,7 @@ class Trainer:
         """Whether to stop before the next batch: a hook asked to, or a signal did (data-parallel: on any rank)."""
         state = self.state
         if self._parallel:
+            self._note(None)
             stop, signum = self.strategy.max([int(state.should_stop), int(self._signal_seen or 0)])
             state.should_stop = bool(stop)
             state.stop_signal = state.stop_signal or signum or None
@@ -253,6 +262,7 @@ class Trainer:
         """Data-parallel: the update's metrics averaged over the ranks, and the hooks due (rank 0's schedules)."""
         state = self.state
         due = {name for name, hook in self.hooks.items() if hook.schedule.due(state)} if self.strategy.is_main else None
+        self._note(None)
         everyone = self.strategy.gather((metrics, due))
         values: dict[str, list] = {}
         for rank_metrics, _ in everyone:
@@ -267,6 +277,7 @@ class Trainer:
                    "lengths": batch["episode_length"][done].tolist(), "nonfinite": int(batch["nonfinite"].sum()),
                    "lag_mean": lag.float().mean().item(), "lag_max": int(lag.max())}
         if self._parallel:  # the whole job's batch: every rank's share
+            self._note(None)
             shares = self.strategy.gather(figures)
             figures = {"frames": sum(f["frames"] for f in shares),
                        "returns": [r for f in shares for r in f["returns"]],

@@ -323,6 +323,35 @@ def logged_frames(run_dir: Path) -> list[int]:
     return [json.loads(line)["frames"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+def stop_like_a_scheduler(job: subprocess.Popen, run_dir: Path, pids: list[int]) -> str:
+    """SIGTERM to torchrun, and to each of ``pids`` (under srun, SLURM signals every process of the job too): the job
+    checkpoints and stops. What it printed."""
+    try:
+        job.send_signal(signal.SIGTERM)
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+        out, _ = job.communicate(timeout=120)
+    finally:
+        os.killpg(job.pid, signal.SIGKILL) if job.poll() is None else None
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "interrupted", out[-3000:]
+    assert "rltrain: stopped by SIGTERM; checkpoint frames_" in out, out[-3000:]
+    assert (run_dir / "checkpoints" / f"frames_{summary['frames']:012d}.pt").exists()
+    return out
+
+
+def resume_to_the_end(args: tuple[str, ...], cwd: Path, run_dir: Path, frames: int, log_every: int, nproc: int = 3):
+    """A new job of ``args`` (resume=auto) finishes the run in ``run_dir``: no row of metrics.jsonl twice or missing."""
+    resumed = torchrun(*args, cwd=cwd, nproc=nproc, timeout=300)
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    assert run_dirs(cwd) == [run_dir]
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["frames"] == frames
+    logged = logged_frames(run_dir)
+    assert logged == sorted(set(logged)) and logged[-1] == frames, logged
+    assert set(range(log_every, frames, log_every)) <= set(logged), f"a gap in metrics.jsonl: {logged}"
+
+
 @pytest.mark.parametrize("signalled", ["torchrun", "every process"])
 def test_sigterm_to_torchrun_checkpoints_and_resume_auto_continues_the_run(signalled, tmp_path):
     # The SLURM preemption path: torchrun forwards SIGTERM to every rank at once; under srun, SLURM
@@ -332,28 +361,12 @@ def test_sigterm_to_torchrun_checkpoints_and_resume_auto_continues_the_run(signa
         run_dir = newest_run_dir(tmp_path)
         wait_for_frames(run_dir, 8192)
         ranks = [json.loads((run_dir / "run.lock").read_text())["pid"], rank_pid(run_dir, 1), rank_pid(run_dir, 2)]
-        job.send_signal(signal.SIGTERM)
-        if signalled == "every process":
-            for pid in ranks:
-                os.kill(pid, signal.SIGTERM)
-        out, _ = job.communicate(timeout=120)
-    finally:
-        os.killpg(job.pid, signal.SIGKILL) if job.poll() is None else None
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "interrupted", out[-3000:]
-    assert "rltrain: stopped by SIGTERM; checkpoint frames_" in out, out[-3000:]
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        raise
+    out = stop_like_a_scheduler(job, run_dir, ranks if signalled == "every process" else [])
     assert "collector rank 1 stopped by SIGTERM" in out and "collector rank 2 stopped by SIGTERM" in out
-    stopped_at = summary["frames"]
-    assert (run_dir / "checkpoints" / f"frames_{stopped_at:012d}.pt").exists()
-
-    resumed = torchrun(*PREEMPTIBLE, cwd=tmp_path, timeout=300)
-    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert run_dirs(tmp_path) == [run_dir]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["status"] == "completed" and summary["frames"] == 102400
-    frames = logged_frames(run_dir)
-    assert frames == sorted(set(frames)) and frames[-1] == 102400, frames
-    assert set(range(2048, 102400, 2048)) <= set(frames), f"a gap in metrics.jsonl: {frames}"
+    resume_to_the_end(PREEMPTIBLE, tmp_path, run_dir, 102400, 2048)
 
 
 @contextlib.contextmanager

@@ -6,8 +6,11 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,7 +26,17 @@ from rltrain.llm.tasks import ReverseDigits
 from rltrain.llm.tiny import write_tiny_model
 from rltrain.strategies import Single
 from tests.conftest import ROOT, run_cli
-from tests.test_distributed import free_port, newest_run_dir, run_dirs, torchrun, wait_for_frames
+from tests.test_distributed import (
+    free_port,
+    logged_frames,
+    newest_run_dir,
+    rank_pid,
+    resume_to_the_end,
+    run_dirs,
+    stop_like_a_scheduler,
+    torchrun,
+    wait_for_frames,
+)
 from tests.test_grpo import ONE_TOKEN
 from tests.test_run_management import PPO_RUN, SAC_RUN, learning_rows, signal_at
 
@@ -39,6 +52,7 @@ def test_two_ddp_ranks_make_the_update_of_one_process_on_the_same_global_batch(t
     for name, weight in one["weights"].items():
         torch.testing.assert_close(two["weights"][name], weight, rtol=0, atol=1e-6, msg=name)
     assert two["metrics"].keys() == one["metrics"].keys()
+    assert one["metrics"]["ppo/epochs"] == two["metrics"]["ppo/epochs"] == 3  # the job's KL stopped both alike
     for key, value in one["metrics"].items():
         assert two["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-7), key
 
@@ -228,6 +242,8 @@ def test_strategy_ddp_outside_torchrun_says_how_to_launch_it(tmp_path):
      "collector.frames_per_batch=24 does not split into whole collector.group_size=8 groups over the 2 ranks"),
     (("algo=grpo", "engine=vllm_server", "engine.url=http://127.0.0.1:9"),
      "engine=vllm_server does not run on the ranks of strategy=ddp yet"),
+    (("algo=grpo", "engine=vllm", "sync=vllm_transfer"),
+     "sync=vllm_transfer does not run on the ranks of strategy=ddp"),
     (("algo._target_=tests.parts_for_tests.OneProcessPPO",),
      "algo._target_=tests.parts_for_tests.OneProcessPPO does not learn on the data-parallel ranks of strategy=ddp"),
 ])
@@ -284,6 +300,21 @@ def test_a_learner_rank_that_dies_fails_the_others_at_once_naming_it(strategy, r
     assert json.loads((run_dir / "summary.json").read_text())["status"].startswith("failed: LearnerRankError")
 
 
+def test_a_learner_rank_that_hangs_fails_the_job_within_the_timeout_naming_it_and_what_it_began(tmp_path):
+    procs = learner_job(("env.id=tests.toy_envs:Faulty-v0", "+env.kwargs.fault=hang", "+env.kwargs.at_step=300",
+                         "+env.kwargs.rank=1", "strategy.timeout_s=5", "trainer.stop_at_return=null"), tmp_path)
+    try:
+        err = procs[0].communicate(timeout=120)[1]  # rank 1 hangs in its env: it is the test's to stop
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+    assert procs[0].returncode == 1
+    named = (r"learner rank 1 did not answer within strategy.timeout_s=5 during .* on rank 0: rank 1 "
+             rf"\(pid {procs[1].pid} on .*\) began collecting its share of a batch in step \d+ \d+s ago")
+    assert re.search(named, err), err[-3000:]
+
+
 def test_a_ddp_checkpoint_resumes_on_one_process_and_back_on_two_ranks(tmp_path):
     run = ("trainer.stop_at_return=null", "hydra.run.dir=outputs/run")
     two = torchrun(*DDP, *run, "trainer.total_frames=4096", cwd=tmp_path, nproc=2)
@@ -306,3 +337,53 @@ def test_sac_on_two_ddp_ranks_resumes_exactly_with_every_ranks_replay_buffer(tmp
         assert rank_1["size"] == 200  # half of the 400 frames: rank 1's own
 
     stopped_and_resumed(tmp_path, (*DDP, *SAC_RUN), 400, rank_1_kept_its_own)
+
+
+def test_a_ddp_job_restarted_by_torchrun_then_stopped_by_sigterm_resumes_to_the_end(tmp_path):
+    # The SLURM path for learner ranks: a rank killed, torchrun (--max-restarts) restarts the job, which resumes
+    # from its last checkpoint (resume=auto); then SIGTERM to torchrun and to every rank (srun signals them all)
+    # checkpoints and stops; a new job with resume=auto finishes the run. metrics.jsonl stays one story.
+    run = (*DDP, "resume=auto", "trainer.total_frames=131072", "trainer.stop_at_return=null",
+           "hooks.progress.bar=false", "~hooks.checkpoint.every", "+hooks.checkpoint.every={frames: 4096}",
+           "~hooks.log.every", "+hooks.log.every={frames: 1024}")
+    job = torchrun(*run, cwd=tmp_path, nproc=2, popen=True, extra=("--max-restarts=1",))
+    try:
+        run_dir = newest_run_dir(tmp_path)
+        wait_for_frames(run_dir, 6144)
+        first = rank_pid(run_dir, 1)
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 120
+        while (pid := newest_pid(run_dir, 1)) == first and time.monotonic() < deadline:
+            time.sleep(0.2)  # the restarted job's rank 1 names its own pid in the same log
+        assert pid != first, "torchrun did not restart the job"
+        restarted_at = max(logged_frames(run_dir))
+        wait_for_frames(run_dir, restarted_at + 4096)
+        ranks = [json.loads((run_dir / "run.lock").read_text())["pid"], pid]
+    except BaseException:
+        os.killpg(job.pid, signal.SIGKILL)
+        raise
+    out = stop_like_a_scheduler(job, run_dir, ranks)
+    assert "rltrain: learner rank 1 stopped by SIGTERM; rank 0 checkpoints the job and says where" in out
+    assert json.loads((run_dir / "summary.json").read_text())["frames"] < 131072
+    resume_to_the_end(run, tmp_path, run_dir, 131072, 1024, nproc=2)
+
+
+def newest_pid(run_dir: Path, rank: int) -> int:
+    """The pid the newest process of learner rank ``rank`` logged (a restarted job's ranks log where the last did)."""
+    return int(re.findall(r"learner rank \d+ of \d+, pid (\d+)", (run_dir / "ranks" / f"{rank}.log").read_text())[-1])
+
+
+
+def test_dqn_on_two_ddp_ranks_resumes_exactly_with_each_ranks_buffer_and_exploration_rates(tmp_path):
+    # per_env: each rank's envs keep their rungs of the ladder (env k of the job), through the stop as well
+    run = (*DDP, "algo=dqn", "algo.exploration=per_env", "env.num_envs=4", "collector.frames_per_batch=64",
+           "algo.warmup_frames=128", "algo.batch_size=32", "algo.n_step=3", "algo.target_update_interval=4",
+           "trainer.total_frames=768", "trainer.stop_at_return=null", "seed=3", "~hooks.log.every",
+           "+hooks.log.every={frames:64}")
+
+    def each_rank_kept_its_own(split: Path) -> None:
+        [saved] = checkpoint.listing(split)
+        state = checkpoint.load(saved)
+        assert state[checkpoint.RANKS_KEY][0][checkpoint.ALGO_KEY]["replay_buffer"]["size"] == 192  # half of 384
+
+    stopped_and_resumed(tmp_path, run, 384, each_rank_kept_its_own)

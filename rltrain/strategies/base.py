@@ -105,6 +105,10 @@ class Strategy:
         """Rank 0's ``obj`` (picklable, tensors too), on every rank."""
         return obj
 
+    def note(self, doing: str) -> None:
+        """Tell the other ranks what this rank is doing now (``failure`` names a rank that stopped answering by
+        what it last said it was doing)."""
+
     def failure(self, error: BaseException, during: str) -> Exception | None:
         """``error`` told as the failure of another rank (which one, during what), if that is what it is."""
         return None

@@ -97,9 +97,17 @@ class DDP(Strategy):
     def __init__(self, timeout_s: PositiveNumber = 600.0):  # bound of every wait on the other ranks (a collective)
         self.timeout_s = timeout_s
         self._owns_group = not dist.is_initialized()
+        self._notes: dist.Store | None = None  # what each rank last said it began (``note``), in the job's store
         if self._owns_group:
             backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
-            dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+            # Not env://: torchrun's agent keeps one store for every restart of a job (--max-restarts), and a
+            # group made from env:// reads the addresses the last attempt's ranks left in it, so a restarted
+            # job's ranks would wait on processes that are gone. The job's store under this attempt's prefix
+            # (the World's) holds none of them.
+            world = process_groups.current()
+            self._notes = dist.PrefixStore("doing/", world.store)
+            dist.init_process_group(backend, store=dist.PrefixStore("learners/", world.store), rank=world.rank,
+                                    world_size=world.size, timeout=datetime.timedelta(seconds=timeout_s))
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
         self._wrapped: set[int] = set()
@@ -170,6 +178,22 @@ class DDP(Strategy):
         dist.broadcast_object_list(box, src=0)
         return _from_bytes(box[0])
 
+    def note(self, doing: str) -> None:
+        if self._notes is not None:
+            self._notes.set(str(self.rank), f"{time.time():.3f} {doing}")
+
+    def _last_notes(self) -> dict[int, tuple[float, str]]:
+        """Each other rank's last ``note``: seconds since, and what it began then (a rank that never said: left out)."""
+        notes = {}
+        for rank in range(self.size):
+            try:
+                if rank != self.rank and self._notes is not None and self._notes.check([str(rank)]):
+                    at, doing = self._notes.get(str(rank)).decode().split(" ", 1)
+                    notes[rank] = (time.time() - float(at), doing)
+            except (RuntimeError, dist.DistError, ValueError):  # the store is gone too: nothing to name
+                break
+        return notes
+
     def failure(self, error: BaseException, during: str) -> Exception | None:
         """A collective that failed because another rank is gone (its sockets closed: named where it ran on this
         machine) or silent for ``timeout_s``."""
@@ -194,9 +218,17 @@ class DDP(Strategy):
             return LearnerRankError(f"a learner rank on another machine left the job during {during} on rank "
                                     f"{self.rank} ({first}); see the ranks/<rank>.log files in the run dir")
         if "timeout" in text.lower() or "timed out" in text.lower():
-            return LearnerRankError(f"the other learner ranks did not answer within strategy.timeout_s="
-                                    f"{self.timeout_s:g} during {during} on rank {self.rank} (one is stuck, or "
-                                    f"took that long elsewhere: raise strategy.timeout_s then) ({first})")
+            notes = self._last_notes()
+            # the ranks that began what they were doing at least as long ago as this rank waited for them
+            stuck = [r for r, (ago, _) in notes.items() if ago >= self.timeout_s] or list(notes)
+            told = "; ".join(f"rank {r} (pid {self.members[r][1]} on {self.members[r][0]}) began {notes[r][1]} "
+                             f"{notes[r][0]:.0f}s ago" for r in stuck)
+            who = (f"learner rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))}" if stuck
+                   else "the other learner ranks")
+            return LearnerRankError(f"{who} did not answer within strategy.timeout_s={self.timeout_s:g} during "
+                                    f"{during} on rank {self.rank}{f': {told}' if told else ''} (stuck there, or it "
+                                    f"takes that long: raise strategy.timeout_s then); see "
+                                    f"ranks/{stuck[0] if len(stuck) == 1 else '<rank>'}.log in the run dir ({first})")
         return None
 
     def close(self) -> None:
