@@ -235,6 +235,7 @@ class PPO:
             "loss/entropy": mean[2],
             "ppo/approx_kl": mean[3],
             "ppo/clip_fraction": mean[4],
+            "ppo/epochs": float(len(p.diagnostics)),  # the epochs run: fewer than algo.epochs once target_kl stops them
             "ppo/explained_variance": explained_var.item(),
             "ppo/lr": float(self.optimizer.param_groups[0]["lr"]),
         }
