@@ -19,6 +19,7 @@ from rltrain.errors import ConfigError
 from rltrain.hooks import Hook
 from rltrain.hooks.base import EVERY_UPDATE
 from rltrain.llm.engine import Engine, Generated, Sampling
+from rltrain.llm.environments import GuessNumber
 from rltrain.llm.rewards import correct_answer
 from rltrain.llm.tasks import ReverseDigits
 from rltrain.rules import InRange, NonNegativeNumber, OneOf, PositiveInt
@@ -186,3 +187,17 @@ class EnvWithoutStep(ReverseDigits):
 
     def reset(self, row):
         return None, [{"role": "user", "content": row["prompt"]}]
+
+
+
+class GuessThatSignals(GuessNumber):
+    """env=guess that sends its own process SIGTERM at the ``RLTRAIN_TEST_SIGTERM_AT_STEP``-th step of the
+    process's episodes (where that variable is set): a scheduler's signal landing while a batch's turns are played."""
+
+    steps = 0  # of every episode of this process
+
+    def step(self, state, reply):
+        GuessThatSignals.steps += 1
+        if GuessThatSignals.steps == int(os.environ.get("RLTRAIN_TEST_SIGTERM_AT_STEP", 0)):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return super().step(state, reply)

@@ -469,3 +469,41 @@ def test_an_episode_with_no_room_left_is_cut_before_it_generates_and_never_train
     assert all(e.truncated and e.done and e.tail == [] and e.turns == 0 for e in long)
     assert all(e.turns >= 1 and e.length() <= 9 and len(e.own) == len(e.tail) for e in short)
     assert model.tokenizer().pad_token_id not in [t for e in short for t, own in zip(e.tail, e.own) if own]
+
+
+
+def test_per_turn_rewards_are_summed_or_discounted_and_an_episode_cut_at_max_turns_is_marked_truncated():
+    # An environment that rewards every turn with 1: 3 turns sum to 3 (collector.discount=1) or 1 + 0.5 + 0.25
+    # (0.5). An episode the environment would go on with is cut at max_turns and marked truncated; one the
+    # environment ended after 2 turns is truncated only where its last turn was cut at max_new_tokens
+    from itertools import takewhile
+
+    from rltrain.llm.engine import Sampling, TransformersEngine
+    from rltrain.llm.environments import Step
+    from rltrain.llm.model import LanguageModel
+    from rltrain.llm.rollout import Conversation, Limits, run_episodes
+    from rltrain.llm.tiny import tiny_model_dir
+
+    class EveryTurn:
+        def __init__(self, ends_after: int):
+            self.ends_after = ends_after
+
+        def reset(self, row):
+            return 0, [{"role": "user", "content": row["prompt"]}]
+
+        def step(self, state, reply):
+            done = state + 1 >= self.ends_after
+            return Step([{"role": "user", "content": "again:"}], 1.0, done=done, state=state + 1)
+
+    model = LanguageModel(str(tiny_model_dir()))
+    tokenizer = model.tokenizer()
+    engine = TransformersEngine(model.load(), tokenizer)
+    conversation, sampling = Conversation(tokenizer, template=False), Sampling(max_new_tokens=3)
+    for ends_after, discount, reward in [(99, 1.0, 3.0), (99, 0.5, 1.75), (2, 0.5, 1.5)]:
+        episodes, _ = run_episodes(engine, EveryTurn(ends_after), conversation, [{"prompt": "go:"}] * 4, 2,
+                                   sampling, Limits(max_turns=3), seed=0, discount=discount)
+        for e in episodes:
+            assert e.done and e.turns == min(ends_after, 3) and e.env_reward == pytest.approx(reward)
+            last_turn = len(list(takewhile(bool, reversed(e.own))))
+            cut = last_turn == sampling.max_new_tokens and e.tail[-1] != tokenizer.eos_token_id
+            assert e.truncated == (ends_after > 3 or cut)

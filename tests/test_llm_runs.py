@@ -58,6 +58,22 @@ def test_a_run_stopped_by_sigterm_and_resumed_matches_an_uninterrupted_one(weigh
     assert learning_rows(tmp_path / "outputs/split") == learning_rows(tmp_path / "outputs/full")
 
 
+def test_sigterm_while_a_batchs_turns_are_played_finishes_the_batch_then_resumes_as_an_uninterrupted_run(tmp_path):
+    # The signal lands inside an environment's step (GuessThatSignals, at the 100th step of the process): the batch's
+    # episodes are played to their ends and trained on, then the run checkpoints and stops; resumed, it logs every
+    # row of the run that never stopped.
+    guess = (*SHORT, "env=guess", "env._target_=tests.parts_for_tests.GuessThatSignals", "collector.max_new_tokens=2")
+    full = run_cli(*guess, "hydra.run.dir=outputs/full", cwd=tmp_path)
+    assert full.returncode == 0, full.stderr
+    stopped = run_cli(*guess, "hydra.run.dir=outputs/split", cwd=tmp_path, env={"RLTRAIN_TEST_SIGTERM_AT_STEP": "100"})
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr
+    frames = json.loads((tmp_path / "outputs/split/summary.json").read_text())["frames"]
+    assert 32 <= frames < 256 and frames % 32 == 0  # whole batches: the one under way when the signal came, too
+    resumed = run_cli(*guess, "resume=outputs/split", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr
+    assert learning_rows(tmp_path / "outputs/split") == learning_rows(tmp_path / "outputs/full")
+
+
 def test_a_reward_function_that_raises_fails_the_run_naming_it_and_the_prompt(tmp_path):
     cfg = make_config(*SHORT, "+env.rewards.mine._target_=tests.parts_for_tests.reward_that_raises")
     with pytest.raises(RunError, match=r"reward function mine raised KeyError: 'score' on the prompt 'reverse \d:'"):
