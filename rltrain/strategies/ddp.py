@@ -104,9 +104,11 @@ class DDP(Strategy):
             # group made from env:// reads the addresses the last attempt's ranks left in it, so a restarted
             # job's ranks would wait on processes that are gone. The job's store under this attempt's prefix
             # (the World's) holds none of them.
+            # (A client of its own: its waits, the ranks' rendezvous among them, are bounded by timeout_s too.)
             world = process_groups.current()
-            self._notes = dist.PrefixStore("doing/", world.store)
-            dist.init_process_group(backend, store=dist.PrefixStore("learners/", world.store), rank=world.rank,
+            store = world.address.connect(timeout_s)
+            self._notes = dist.PrefixStore("doing/", store)
+            dist.init_process_group(backend, store=dist.PrefixStore("learners/", store), rank=world.rank,
                                     world_size=world.size, timeout=datetime.timedelta(seconds=timeout_s))
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
