@@ -384,6 +384,11 @@ def test_dqn_on_two_ddp_ranks_resumes_exactly_with_each_ranks_buffer_and_explora
     def each_rank_kept_its_own(split: Path) -> None:
         [saved] = checkpoint.listing(split)
         state = checkpoint.load(saved)
-        assert state[checkpoint.RANKS_KEY][0][checkpoint.ALGO_KEY]["replay_buffer"]["size"] == 192  # half of 384
+        rank_1 = state[checkpoint.RANKS_KEY][0]
+        assert rank_1[checkpoint.ALGO_KEY]["replay_buffer"]["size"] == 192  # half of the 384 frames: its own
+        # the job's 4 envs split over the ranks as one process holds them (env k seeded seed + k, seed=3): rank 0
+        # steps envs 0-1 and rank 1 envs 2-3, each at that env's rung of the exploration ladder
+        assert state[checkpoint.COLLECTOR_KEY]["env_indices"].tolist() == [3, 4]
+        assert rank_1[checkpoint.COLLECTOR_KEY]["env_indices"].tolist() == [5, 6]
 
     stopped_and_resumed(tmp_path, run, 384, each_rank_kept_its_own)
