@@ -182,7 +182,10 @@ class DDP(Strategy):
 
     def note(self, doing: str) -> None:
         if self._notes is not None:
-            self._notes.set(str(self.rank), f"{time.time():.3f} {doing}")
+            try:
+                self._notes.set(str(self.rank), f"{time.time():.3f} {doing}")
+            except (RuntimeError, dist.DistError):  # the store went away: the next collective says what failed
+                self._notes = None
 
     def _last_notes(self) -> dict[int, tuple[float, str]]:
         """Each other rank's last ``note``: seconds since, and what it began then (a rank that never said: left out)."""
