@@ -117,7 +117,13 @@ class VLLMEngine(Engine):
                            max_cpu_loras=2)
         environment = {"OMP_NUM_THREADS": None if threads is None else str(threads)}
         gpu = engine_gpu_index(device, gpu)
-        if gpu is not None:
+        if gpu is None:
+            # Every request is seeded. vLLM rewinds the generator of a request whose prompt it split over two steps
+            # (chunked prefill), and a CPU generator cannot rewind ("CPU Generator does not use offset"): a call
+            # whose prompts exceed one step's 4,096 tokens (an episode's later turns, ~1,000 rows) failed. Whole
+            # prompts only, then; vLLM raises the step's budget to the model's context where that is longer.
+            options["enable_chunked_prefill"] = False
+        else:
             options["gpu_memory_utilization"] = gpu_memory
             visible = os.environ.get("CUDA_VISIBLE_DEVICES")
             environment["CUDA_VISIBLE_DEVICES"] = visible.split(",")[gpu] if visible else str(gpu)

@@ -58,7 +58,7 @@ def server_command(model_dir: str = "MODEL_DIR", port: int = 8000,
     with ``backend`` (``sync.backend``)."""
     argv = ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--worker-extension-cls", EXTENSION, "--logprobs-mode", "processed_logprobs", "--dtype", "float32",
-            "--enforce-eager", "--host", "127.0.0.1", "--port", str(port)]
+            "--enforce-eager", "--no-enable-chunked-prefill", "--host", "127.0.0.1", "--port", str(port)]
     env = {"VLLM_SERVER_DEV_MODE": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
     if backend is not None:
         argv += ["--weight-transfer-config", transfer_config(backend)]
