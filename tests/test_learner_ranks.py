@@ -373,7 +373,6 @@ def newest_pid(run_dir: Path, rank: int) -> int:
     return int(re.findall(r"learner rank \d+ of \d+, pid (\d+)", (run_dir / "ranks" / f"{rank}.log").read_text())[-1])
 
 
-
 def test_dqn_on_two_ddp_ranks_resumes_exactly_with_each_ranks_buffer_and_exploration_rates(tmp_path):
     # per_env: each rank's envs keep their rungs of the ladder (env k of the job), through the stop as well
     run = (*DDP, "algo=dqn", "algo.exploration=per_env", "env.num_envs=4", "collector.frames_per_batch=64",
