@@ -103,8 +103,8 @@ def run(cfg: DictConfig) -> float | None:
     if summary["status"] == "interrupted":
         signum = signal.Signals(trainer.state.stop_signal or signal.SIGINT)
         if not main:  # another learner rank: the checkpoint is rank 0's to write and to tell (it may not be there yet)
-            return _exit(128 + signum, f"learner rank {world.rank} stopped by {signum.name}; rank 0 checkpoints the "
-                                       "job and says where")
+            return _exit(128 + signum, f"learner rank {world.rank} stopped by {signum.name}; rank 0 says whether "
+                                       "and where it checkpointed the job")
         hint = _resume_hint(run_dir, summary["frames"], world is not None)
         where = (f"{hint} and summary.json" if hint else
                  f"summary.json in {run_dir}; no checkpoint (hooks.checkpoint is off), so it cannot be resumed")

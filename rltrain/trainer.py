@@ -71,6 +71,7 @@ class Trainer:
         if self._parallel:  # each phase as it begins: a rank that stops answering is named by what it last began
             self.state.timer.entered = self._note
         self._signal_seen: int | None = None  # data-parallel: a signal this rank got, until the ranks agree on it
+        self._step = 1  # the step (collect, update, hooks) under way or last ended: the updates before it + 1
 
     def fit(self) -> dict[str, Any]:
         """Train until ``total_frames`` (or ``stop_at_return``); returns what it writes to summary.json."""
@@ -180,7 +181,7 @@ class Trainer:
             log.warning("stopping as asked; what failed after the stop request is left out: %s", e)
 
     def _note(self, phase: str | None) -> None:
-        self.strategy.note(f"{self._words(phase)} in step {self.state.progress.updates + 1}")
+        self.strategy.note(f"{self._words(phase)} in step {self._step}")
 
     def _doing(self) -> str:
         """What this rank was doing when a step failed, as a data-parallel learner's error names it."""
@@ -194,10 +195,12 @@ class Trainer:
 
     def _steps(self) -> None:
         state, timer = self.state, self.state.timer
+        self._step = state.progress.updates + 1
         if state.progress.mid_update_frames and not self._update(None):  # resumed mid-update: finish it first
             return
         batches = iter(self.collector)
         while state.frames < state.total_frames and not self._stopping():
+            self._step = state.progress.updates + 1
             with timer.phase("collect"):
                 batch = next(batches)
             lag = state.sync.version - batch["policy_version"]

@@ -326,10 +326,8 @@ def _check_learner_ranks(cfg: DictConfig, parts: dict[str, tuple[type, dict]], s
                           "its share with an engine of its own); use engine=transformers with it, or "
                           "strategy=single")
     sync = parts["sync"][0]
-    if not capability(sync, WeightSyncScheme, "LEARNER_RANKS"):
-        raise ConfigError(f"{_label('sync', sync)} does not run on the ranks of {name} yet (each rank would push "
-                          "through vLLM's transfer group beside the learner's own collectives); use sync=vllm, whose "
-                          "engine of each rank loads that rank's pushes itself")
+    if why := capability(sync, WeightSyncScheme, "NOT_ON_LEARNER_RANKS"):
+        raise ConfigError(f"{_label('sync', sync)} does not run on the ranks of {name} yet: {why}")
     for key in ("compile", "cuda_graph"):
         if algo_values.get(key) is True:
             raise ConfigError(f"algo.{key}=true is not supported with {name} yet (its update exchanges statistics "

@@ -189,7 +189,6 @@ class EnvWithoutStep(ReverseDigits):
         return None, [{"role": "user", "content": row["prompt"]}]
 
 
-
 class GuessThatSignals(GuessNumber):
     """env=guess that sends its own process SIGTERM at the ``RLTRAIN_TEST_SIGTERM_AT_STEP``-th step of the
     process's episodes (where that variable is set): a scheduler's signal landing while a batch's turns are played."""

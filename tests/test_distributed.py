@@ -61,13 +61,13 @@ def rank_pid(run_dir: Path, rank: int, timeout: float = 60) -> int:
 def wait_for_frames(run_dir: Path, frames: int, timeout: float = 120) -> None:
     metrics, deadline = run_dir / "metrics.jsonl", time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if metrics.exists() and any(row.get("frames", 0) >= frames for row in _rows(metrics)):
+        if metrics.exists() and any(row.get("frames", 0) >= frames for row in rows_so_far(metrics)):
             return
         time.sleep(0.1)
     raise AssertionError(f"{metrics} never reached {frames} frames")
 
 
-def _rows(metrics: Path) -> list[dict]:
+def rows_so_far(metrics: Path) -> list[dict]:
     """The rows of a metrics.jsonl being written (a torn last line is skipped)."""
     rows = []
     for line in metrics.read_text().splitlines():

@@ -4,6 +4,8 @@ built-in tool env and game, and the refusals."""
 
 from __future__ import annotations
 
+from itertools import takewhile
+
 import pytest
 import torch
 
@@ -471,13 +473,10 @@ def test_an_episode_with_no_room_left_is_cut_before_it_generates_and_never_train
     assert model.tokenizer().pad_token_id not in [t for e in short for t, own in zip(e.tail, e.own) if own]
 
 
-
 def test_per_turn_rewards_are_summed_or_discounted_and_an_episode_cut_at_max_turns_is_marked_truncated():
     # An environment that rewards every turn with 1: 3 turns sum to 3 (collector.discount=1) or 1 + 0.5 + 0.25
     # (0.5). An episode the environment would go on with is cut at max_turns and marked truncated; one the
     # environment ended after 2 turns is truncated only where its last turn was cut at max_new_tokens
-    from itertools import takewhile
-
     from rltrain.llm.engine import Sampling, TransformersEngine
     from rltrain.llm.environments import Step
     from rltrain.llm.model import LanguageModel

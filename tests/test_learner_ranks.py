@@ -8,6 +8,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rltrain import checkpoint
+from rltrain import checkpoint, strategies
 from rltrain.collectors.generation import GenerationCollector
 from rltrain.llm.engine import TransformersEngine
 from rltrain.llm.model import LanguageModel
@@ -28,10 +29,10 @@ from rltrain.strategies import Single
 from tests.conftest import ROOT, run_cli
 from tests.test_distributed import (
     free_port,
-    logged_frames,
     newest_run_dir,
     rank_pid,
     resume_to_the_end,
+    rows_so_far,
     run_dirs,
     stop_like_a_scheduler,
     torchrun,
@@ -302,7 +303,7 @@ def test_a_learner_rank_that_dies_fails_the_others_at_once_naming_it(strategy, r
 
 def test_a_learner_rank_that_hangs_fails_the_job_within_the_timeout_naming_it_and_what_it_began(tmp_path):
     procs = learner_job(("env.id=tests.toy_envs:Faulty-v0", "+env.kwargs.fault=hang", "+env.kwargs.at_step=300",
-                         "+env.kwargs.rank=1", "strategy.timeout_s=5", "trainer.stop_at_return=null"), tmp_path)
+                         "+env.kwargs.rank=1", "strategy.timeout_s=20", "trainer.stop_at_return=null"), tmp_path)
     try:
         err = procs[0].communicate(timeout=120)[1]  # rank 1 hangs in its env: it is the test's to stop
     finally:
@@ -310,9 +311,26 @@ def test_a_learner_rank_that_hangs_fails_the_job_within_the_timeout_naming_it_an
             p.kill()
             p.wait()
     assert procs[0].returncode == 1
-    named = (r"learner rank 1 did not answer within strategy.timeout_s=5 during .* on rank 0: rank 1 "
+    named = (r"learner rank 1 did not answer within strategy.timeout_s=20 during .* on rank 0: rank 1 "
              rf"\(pid {procs[1].pid} on .*\) began collecting its share of a batch in step \d+ \d+s ago")
     assert re.search(named, err), err[-3000:]
+
+
+def test_a_timeout_names_the_rank_that_is_elsewhere_not_one_waiting_in_the_same_agreement():
+    # 3 ranks: rank 0 timed out in an agreement; rank 1 waits in that same agreement (it got there first, so its
+    # note is older than rank 0's wait); rank 2 began collecting and never came. Only rank 2 is named.
+    ddp = strategies.DDP.__new__(strategies.DDP)  # (its naming alone: no process group)
+    ddp.rank, ddp.size, ddp.timeout_s, ddp.members = 0, 3, 5.0, [(socket.gethostname(), os.getpid())] * 3
+    ddp._notes = torch.distributed.HashStore()
+    now = time.time()
+    ddp._notes.set("1", f"{now - 8:.3f} an agreement of the ranks on the step in step 4")
+    ddp._notes.set("2", f"{now - 9:.3f} collecting its share of a batch in step 4")
+    ddp.note("an agreement of the ranks on the step in step 4")
+    error = ddp.failure(RuntimeError("[gloo] Timed out waiting 5000ms for send operation to complete"),
+                        "an agreement of the ranks on the step")
+    assert str(error).startswith("learner rank 2 did not answer within strategy.timeout_s=5 during an agreement of "
+                                 f"the ranks on the step on rank 0: rank 2 (pid {os.getpid()} on "), str(error)
+    assert "began collecting its share of a batch in step 4 9s ago" in str(error) and "rank 1" not in str(error)
 
 
 def test_a_ddp_checkpoint_resumes_on_one_process_and_back_on_two_ranks(tmp_path):
@@ -356,14 +374,14 @@ def test_a_ddp_job_restarted_by_torchrun_then_stopped_by_sigterm_resumes_to_the_
         while (pid := newest_pid(run_dir, 1)) == first and time.monotonic() < deadline:
             time.sleep(0.2)  # the restarted job's rank 1 names its own pid in the same log
         assert pid != first, "torchrun did not restart the job"
-        restarted_at = max(logged_frames(run_dir))
+        restarted_at = max(row["frames"] for row in rows_so_far(run_dir / "metrics.jsonl"))
         wait_for_frames(run_dir, restarted_at + 4096)
         ranks = [json.loads((run_dir / "run.lock").read_text())["pid"], pid]
     except BaseException:
         os.killpg(job.pid, signal.SIGKILL)
         raise
     out = stop_like_a_scheduler(job, run_dir, ranks)
-    assert "rltrain: learner rank 1 stopped by SIGTERM; rank 0 checkpoints the job and says where" in out
+    assert "rltrain: learner rank 1 stopped by SIGTERM; rank 0 says whether and where it checkpointed" in out
     assert json.loads((run_dir / "summary.json").read_text())["frames"] < 131072
     resume_to_the_end(run, tmp_path, run_dir, 131072, 1024, nproc=2)
 

@@ -8,15 +8,17 @@ return statistics, the approximate KL that stops the epochs) is computed over ev
 ``moments``, ``normalize`` and ``mean``.
 
 The group is torch's default one: made here (gloo on the CPU, NCCL for CUDA tensors) when nothing made
-it yet, and destroyed on ``close``; one a user's script made already is used and left alone. Every
-collective is bounded by ``timeout_s``: a rank that dies fails the others at once (its sockets close),
-one that hangs fails them after the timeout.
+it yet, from the job's store under the key prefix of this restart of the job, and destroyed on ``close``;
+one a user's script made already is used and left alone. Every collective is bounded by ``timeout_s``: a
+rank that dies fails the others at once (its sockets close), one that hangs fails them after the timeout,
+named by what it last began (``note``: each rank tells the job's store as it begins each phase).
 """
 
 from __future__ import annotations
 
 import datetime
 import io
+import itertools
 import os
 import socket
 import time
@@ -38,6 +40,8 @@ TORCHRUN = "torchrun --standalone --nproc-per-node=2 -m rltrain"  # the launch l
 
 
 _EXITING_S = 3.0  # how long a killed rank of this machine may take to show as dead, once its sockets closed
+_NOTES_S = 10.0  # how long a note, or a look at the other ranks' notes, waits for the job's store at most
+_GROUPS = itertools.count()  # the groups this process made: each its own keys (a sweep builds one run after another)
 
 
 def _alive(pid: int) -> bool:
@@ -97,19 +101,21 @@ class DDP(Strategy):
     def __init__(self, timeout_s: PositiveNumber = 600.0):  # bound of every wait on the other ranks (a collective)
         self.timeout_s = timeout_s
         self._owns_group = not dist.is_initialized()
-        self._notes: dist.Store | None = None  # what each rank last said it began (``note``), in the job's store
+        world = process_groups.current()
+        if world is None and self._owns_group:
+            self.check_config({}, {})  # (raises: this process is in no torchrun job)
+        # what each rank last said it began (``note``), in the job's store; this rank's own last words
+        self._notes = None if world is None else dist.PrefixStore("doing/", world.address.connect(_NOTES_S))
+        self._last_note = ""
         if self._owns_group:
             backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
             # Not env://: torchrun's agent keeps one store for every restart of a job (--max-restarts), and a
             # group made from env:// reads the addresses the last attempt's ranks left in it, so a restarted
             # job's ranks would wait on processes that are gone. The job's store under this attempt's prefix
-            # (the World's) holds none of them.
-            # (A client of its own: its waits, the ranks' rendezvous among them, are bounded by timeout_s too.)
-            world = process_groups.current()
-            store = world.address.connect(timeout_s)
-            self._notes = dist.PrefixStore("doing/", store)
-            dist.init_process_group(backend, store=dist.PrefixStore("learners/", store), rank=world.rank,
-                                    world_size=world.size, timeout=datetime.timedelta(seconds=timeout_s))
+            # (the World's) holds none of them; a client of its own bounds the ranks' rendezvous by timeout_s.
+            store = dist.PrefixStore(f"learners/{next(_GROUPS)}/", world.address.connect(timeout_s))
+            dist.init_process_group(backend, store=store, rank=world.rank, world_size=world.size,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
         self.rank, self.size = dist.get_rank(), dist.get_world_size()
         self.local_rank = int(os.environ.get("LOCAL_RANK", self.rank))
         self._wrapped: set[int] = set()
@@ -181,21 +187,27 @@ class DDP(Strategy):
         return _from_bytes(box[0])
 
     def note(self, doing: str) -> None:
+        self._last_note = doing
         if self._notes is not None:
             try:
                 self._notes.set(str(self.rank), f"{time.time():.3f} {doing}")
-            except (RuntimeError, dist.DistError):  # the store went away: the next collective says what failed
+            except RuntimeError:  # the store went away: the next collective says what failed
                 self._notes = None
 
     def _last_notes(self) -> dict[int, tuple[float, str]]:
-        """Each other rank's last ``note``: seconds since, and what it began then (a rank that never said: left out)."""
+        """Each other rank's last ``note``: seconds since (by the clocks of two machines: at least 0), and what
+        it began then. A rank that never said is left out."""
         notes = {}
         for rank in range(self.size):
+            if rank == self.rank or self._notes is None:
+                continue
             try:
-                if rank != self.rank and self._notes is not None and self._notes.check([str(rank)]):
+                if self._notes.check([str(rank)]):
                     at, doing = self._notes.get(str(rank)).decode().split(" ", 1)
-                    notes[rank] = (time.time() - float(at), doing)
-            except (RuntimeError, dist.DistError, ValueError):  # the store is gone too: nothing to name
+                    notes[rank] = (max(time.time() - float(at), 0.0), doing)
+            except ValueError:  # not a note of this code's
+                continue
+            except RuntimeError:  # the store is gone too: nothing more to name
                 break
         return notes
 
@@ -223,11 +235,12 @@ class DDP(Strategy):
             return LearnerRankError(f"a learner rank on another machine left the job during {during} on rank "
                                     f"{self.rank} ({first}); see the ranks/<rank>.log files in the run dir")
         if "timeout" in text.lower() or "timed out" in text.lower():
-            notes = self._last_notes()
-            # the ranks that began what they were doing at least as long ago as this rank waited for them
-            stuck = [r for r, (ago, _) in notes.items() if ago >= self.timeout_s] or list(notes)
-            told = "; ".join(f"rank {r} (pid {self.members[r][1]} on {self.members[r][0]}) began {notes[r][1]} "
-                             f"{notes[r][0]:.0f}s ago" for r in stuck)
+            # A rank whose last note is this rank's own (the same agreement of the same step) waits beside it; of
+            # the others, those that began what they were doing at least as long ago as this rank waited for them.
+            apart = {r: note for r, note in self._last_notes().items() if note[1] != self._last_note}
+            stuck = [r for r, (ago, _) in apart.items() if ago >= self.timeout_s] or list(apart)
+            told = "; ".join(f"rank {r} (pid {self.members[r][1]} on {self.members[r][0]}) began {apart[r][1]} "
+                             f"{apart[r][0]:.0f}s ago" for r in stuck)
             who = (f"learner rank{'s' if len(stuck) > 1 else ''} {', '.join(map(str, stuck))}" if stuck
                    else "the other learner ranks")
             return LearnerRankError(f"{who} did not answer within strategy.timeout_s={self.timeout_s:g} during "

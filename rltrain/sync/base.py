@@ -118,12 +118,13 @@ class WeightSyncScheme(ABC):
     (``rltrain.llm.engine.Engine.WEIGHTS``): ``module`` (a receiver binds to a torch module of its
     process: every collector's policy copy), ``snapshot`` (an engine loads the newest published snapshot
     itself, at its own boundary) or ``push`` (the learner drives each push into the engine, through the
-    engine's ``transfer_client()``, which build connects the sender to); ``LEARNER_RANKS``, whether every rank
-    of a data-parallel learner (``strategy=ddp|fsdp``) may push through a scheme of its own.
+    engine's ``transfer_client()``, which build connects the sender to); ``NOT_ON_LEARNER_RANKS``, why the
+    ranks of a data-parallel learner (``strategy=ddp|fsdp``) may not each push through a scheme of their own,
+    and what to use instead ("" where they may).
     """
 
     PUSHES = True
-    LEARNER_RANKS = True
+    NOT_ON_LEARNER_RANKS = ""
     CROSS_PROCESS_ONLY = False
     REACHES_OTHER_RANKS = False  # whether its receivers may be other ranks of a torchrun job, on other machines
     DELIVERS = "module"

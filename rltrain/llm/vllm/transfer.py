@@ -156,9 +156,10 @@ class VLLMTransferSync(WeightSyncScheme):
     """Pushes through vLLM's weight-transfer API with ``backend`` (gloo, nccl, ipc), after every update."""
 
     DELIVERS = "push"
-    # Each rank would drive vLLM's transfer group beside the learner's own collectives (FSDP's gathers: the
-    # interleaving that hangs TRL's sharded pushes), and no rank holds the whole weights under fsdp: untried.
-    LEARNER_RANKS = False
+    # (FSDP's gathers beside another group's sends are the interleaving that hangs TRL's sharded pushes.)
+    NOT_ON_LEARNER_RANKS = ("each rank would push through vLLM's transfer group beside the learner's own "
+                            "collectives, untried; use sync=vllm, whose engine of each rank loads that rank's "
+                            "pushes itself")
     MOVED_KEYS = {"transport": "is now sync.backend (gloo, nccl or ipc)",
                   "every": "is no key of sync=vllm_transfer: the engine gets the weights of every update"}
 
